@@ -1,0 +1,198 @@
+//! The decision rules of DESIGN.md ("The fence check"), in their order.
+
+use core::cmp::Ordering;
+
+use crate::state::{State, WINDOW_CAPACITY};
+use crate::types::{
+    CheckError, Decision, InvalidReason, MAX_OP_ID_BYTES, MAX_SCOPE_BYTES, Policy, Request,
+    WindowEntry,
+};
+
+/// Decide one request against a scope's stored state (`None` if the scope has
+/// never accepted a token).
+///
+/// Only [`Decision::Applied`] asks the host to change anything: it must apply
+/// the mutation and store the returned state in the same transaction.
+pub fn check(state: Option<&[u8]>, request: &Request) -> Result<Decision, CheckError> {
+    // Rule 1: the request itself.
+    validate(request).map_err(CheckError::InvalidRequest)?;
+
+    // Rule 2: the stored state, its scope and its authority.
+    let current = match state {
+        None => None,
+        Some(bytes) => Some(State::decode(bytes)?),
+    };
+    let (version, window) = match current {
+        // Rule 3: a scope with no state is at version 0; rules 4-7 do not apply.
+        None => (0, Vec::new()),
+        Some(current) => {
+            if current.scope != request.scope {
+                return Err(CheckError::ScopeMismatch(current.scope));
+            }
+            if current.highest.authority != request.token.authority {
+                return Err(CheckError::ForeignAuthority {
+                    stored: current.highest.authority,
+                    presented: request.token.authority,
+                });
+            }
+            match request.token.grant_order(&current.highest) {
+                // Rule 4.
+                Ordering::Less => {
+                    return Ok(Decision::StaleFence {
+                        presented: request.token,
+                        highest: current.highest,
+                    });
+                }
+                Ordering::Equal => {
+                    // Rule 5: a repeat of an applied op-id, under any policy.
+                    let seen = request
+                        .op_id
+                        .as_deref()
+                        .and_then(|op| current.window.iter().find(|e| e.op_id == op));
+                    if let Some(entry) = seen {
+                        return Ok(Decision::Duplicate {
+                            version: entry.version,
+                        });
+                    }
+                    match request.policy {
+                        // Rule 6: the grant was already used.
+                        Policy::Strict => {
+                            return Ok(Decision::StaleFence {
+                                presented: request.token,
+                                highest: current.highest,
+                            });
+                        }
+                        // Rule 7: same-token writes need an ordering guard.
+                        Policy::AllowEqual
+                            if request.op_id.is_none() && request.expected_version.is_none() =>
+                        {
+                            return Err(CheckError::InvalidRequest(
+                                InvalidReason::EqualTokenUnguarded,
+                            ));
+                        }
+                        Policy::AllowEqual => (current.version, current.window),
+                    }
+                }
+                // A newer grant: the idempotency window restarts.
+                Ordering::Greater => (current.version, Vec::new()),
+            }
+        }
+    };
+
+    // Rule 8.
+    if let Some(expected) = request.expected_version
+        && expected != version
+    {
+        return Ok(Decision::VersionConflict {
+            expected,
+            actual: version,
+        });
+    }
+
+    // Rule 9.
+    let next = version.checked_add(1).ok_or(CheckError::Exhausted)?;
+    let mut window = window;
+    if let Some(op_id) = &request.op_id {
+        if window.len() >= WINDOW_CAPACITY {
+            window.remove(0);
+        }
+        window.push(WindowEntry {
+            op_id: op_id.clone(),
+            version: next,
+        });
+    }
+    let state = State {
+        scope: request.scope.clone(),
+        highest: request.token,
+        version: next,
+        window,
+    };
+    Ok(Decision::Applied {
+        version: next,
+        highest: request.token,
+        state: state.encode(),
+    })
+}
+
+fn validate(request: &Request) -> Result<(), InvalidReason> {
+    if request.token.is_missing() {
+        return Err(InvalidReason::MissingToken);
+    }
+    if request.scope.is_empty() {
+        return Err(InvalidReason::EmptyScope);
+    }
+    if request.scope.len() > MAX_SCOPE_BYTES {
+        return Err(InvalidReason::ScopeTooLong);
+    }
+    match request.op_id.as_deref() {
+        Some("") => Err(InvalidReason::EmptyOpId),
+        Some(op) if op.len() > MAX_OP_ID_BYTES => Err(InvalidReason::OpIdTooLong),
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::Token;
+
+    fn applied_state(d: Result<Decision, CheckError>) -> Vec<u8> {
+        match d {
+            Ok(Decision::Applied { state, .. }) => state,
+            other => panic!("expected applied, got {other:?}"),
+        }
+    }
+
+    /// The seed's paused writer: after 42 is accepted, 41 is stale forever.
+    #[test]
+    fn paused_writer_is_fenced() {
+        let t41 = Request::new("report/july", Token::new(0, 0, 41), Policy::Strict);
+        let t42 = Request::new("report/july", Token::new(0, 0, 42), Policy::Strict);
+        let s = applied_state(check(None, &t41));
+        let s = applied_state(check(Some(&s), &t42));
+        assert_eq!(
+            check(Some(&s), &t41),
+            Ok(Decision::StaleFence {
+                presented: t41.token,
+                highest: t42.token
+            })
+        );
+    }
+
+    /// Under allow-equal, an op-id repeat is a duplicate carrying the original
+    /// version, and the window restarts when the token advances.
+    #[test]
+    fn duplicates_report_the_original_version() {
+        let t = Token::new(0, 0, 5);
+        let a = Request::new("s", t, Policy::AllowEqual).with_op_id("a");
+        let b = Request::new("s", t, Policy::AllowEqual).with_op_id("b");
+        let s = applied_state(check(None, &a));
+        let s = applied_state(check(Some(&s), &b));
+        assert_eq!(
+            check(Some(&s), &a),
+            Ok(Decision::Duplicate { version: 1 })
+        );
+        let newer = Request::new("s", Token::new(0, 0, 6), Policy::AllowEqual).with_op_id("c");
+        let s = applied_state(check(Some(&s), &newer));
+        let again = Request::new("s", Token::new(0, 0, 6), Policy::AllowEqual).with_op_id("a");
+        assert!(matches!(
+            check(Some(&s), &again),
+            Ok(Decision::Applied { version: 4, .. })
+        ));
+    }
+
+    /// The window keeps the newest WINDOW_CAPACITY op-ids.
+    #[test]
+    fn window_is_bounded() {
+        let t = Token::new(0, 0, 1);
+        let mut state: Option<Vec<u8>> = None;
+        for i in 0..WINDOW_CAPACITY + 1 {
+            let r = Request::new("s", t, Policy::AllowEqual).with_op_id(format!("op{i}"));
+            state = Some(applied_state(check(state.as_deref(), &r)));
+        }
+        let info = crate::inspect(state.as_deref().unwrap_or_default());
+        let info = info.unwrap_or_else(|e| panic!("{e:?}"));
+        assert_eq!(info.window.len(), WINDOW_CAPACITY);
+        assert_eq!(info.window[0].op_id, "op1");
+    }
+}

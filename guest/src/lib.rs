@@ -1,0 +1,53 @@
+//! The fencing decision of fencecheck, in one place.
+//!
+//! This crate is compiled twice from the same source: to `wasm32-unknown-unknown`
+//! and then encoded as the fencecheck component (the one implementation every
+//! host loads), and natively, as the reference implementation that the wasm
+//! build is compared against byte for byte.
+//!
+//! # Layout
+//!
+//! - `types`: tokens, requests, decisions and errors (the WIT types, in Rust).
+//! - `state`: the canonical, checksummed encoding of a scope's state.
+//! - `check`: the decision rules of DESIGN.md, in order.
+//! - `crc`: CRC-32C, hand-written to keep the component small.
+//! - `bindings` (wasm only): the wit-bindgen exports, a thin conversion layer.
+//!
+//! The logic is pure: no clock, no I/O, no randomness, no floats, and no panic
+//! on any input (arithmetic is checked, slices are taken with `get`/`split_at_checked`).
+//!
+//! # Example
+//!
+//! ```
+//! use fencecheck_guest::{check, Decision, Policy, Request, Token};
+//!
+//! let first = Request::new("report/july", Token::new(0, 0, 41), Policy::Strict);
+//! let Ok(Decision::Applied { state, .. }) = check(None, &first) else { panic!() };
+//! let newer = Request::new("report/july", Token::new(0, 0, 42), Policy::Strict);
+//! let Ok(Decision::Applied { state, .. }) = check(Some(&state), &newer) else { panic!() };
+//! // The paused owner of token 41 comes back: refused, definitively.
+//! assert!(matches!(check(Some(&state), &first), Ok(Decision::StaleFence { .. })));
+//! ```
+#![deny(
+    clippy::panic,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::arithmetic_side_effects,
+    clippy::float_arithmetic
+)]
+
+// wit-bindgen's generated ABI glue is the only unsafe code in the guest.
+#[cfg(target_arch = "wasm32")]
+#[allow(unsafe_code)]
+mod bindings;
+mod check;
+mod crc;
+mod state;
+mod types;
+
+pub use check::check;
+pub use state::{FORMAT_VERSION, WINDOW_CAPACITY, inspect};
+pub use types::{
+    CheckError, Corruption, Decision, InvalidReason, MAX_OP_ID_BYTES, MAX_SCOPE_BYTES, Policy,
+    Request, StateInfo, Token, WindowEntry,
+};

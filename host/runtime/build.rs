@@ -1,0 +1,68 @@
+//! Builds the guest crate for `wasm32-unknown-unknown` and encodes it as the
+//! fencecheck component, so a plain `cargo build` embeds the component bytes.
+//!
+//! The nested cargo uses its own target directory (`<target>/guest`): the
+//! outer cargo holds the lock on its profile directory while build scripts run.
+//! Everything is built once per change of `guest/` or `wit/`, not per test.
+
+use std::env;
+use std::error::Error;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn main() -> Result<(), Box<dyn Error>> {
+    let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR")?);
+    let root = manifest_dir
+        .parent()
+        .and_then(Path::parent)
+        .ok_or("host/runtime must sit two levels below the workspace root")?
+        .to_path_buf();
+    for watched in ["guest/src", "guest/Cargo.toml", "wit", "Cargo.lock"] {
+        println!("cargo:rerun-if-changed={}", root.join(watched).display());
+    }
+    println!("cargo:rerun-if-env-changed=CARGO_TARGET_DIR");
+
+    let target_dir = env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("target"))
+        .join("guest");
+    let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut build = Command::new(cargo);
+    build
+        .current_dir(&root)
+        .args(["build", "--package", "fencecheck-guest"])
+        .args(["--target", "wasm32-unknown-unknown", "--profile", "guest"])
+        .arg("--target-dir")
+        .arg(&target_dir);
+    // The outer build's flags and wrappers (clippy, coverage, host RUSTFLAGS)
+    // are for the host target; they must not leak into the wasm build.
+    for var in [
+        "RUSTFLAGS",
+        "CARGO_ENCODED_RUSTFLAGS",
+        "RUSTC_WORKSPACE_WRAPPER",
+        "RUSTC_WRAPPER",
+        "CARGO_BUILD_TARGET",
+        "CARGO_TARGET_DIR",
+        "CARGO_MAKEFLAGS",
+        "MAKEFLAGS",
+        "MFLAGS",
+    ] {
+        build.env_remove(var);
+    }
+    let status = build.status()?;
+    if !status.success() {
+        return Err(format!("building the guest for wasm32-unknown-unknown failed ({status}); is the target installed? `rustup target add wasm32-unknown-unknown`").into());
+    }
+
+    let module_path = target_dir.join("wasm32-unknown-unknown/guest/fencecheck_guest.wasm");
+    let module = fs::read(&module_path)
+        .map_err(|e| format!("reading {}: {e}", module_path.display()))?;
+    let component = wit_component::ComponentEncoder::default()
+        .module(&module)?
+        .validate(true)
+        .encode()?;
+    let out = PathBuf::from(env::var("OUT_DIR")?).join("fencecheck.wasm");
+    fs::write(&out, &component)?;
+    Ok(())
+}

@@ -1,0 +1,46 @@
+use std::path::PathBuf;
+
+/// An infrastructure failure: the decision could not be obtained at all.
+///
+/// None of these is a domain outcome. In particular a stale token is never an
+/// `Error`: it is `Ok(Ok(Decision::StaleFence { .. }))`, definitive and not
+/// retryable, while these may be retried (with a fresh [`crate::Instance`]
+/// where noted).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The component file could not be read.
+    #[error("reading the component at {path}: {source}")]
+    Read {
+        /// The file that was asked for.
+        path: PathBuf,
+        /// The I/O failure.
+        source: std::io::Error,
+    },
+    /// wasmtime refused the configuration or the component bytes.
+    #[error("loading the fencecheck component: {0}")]
+    Load(String),
+    /// The component could not be instantiated (e.g. the instance pool is full).
+    #[error("instantiating the fencecheck component: {0}")]
+    Instantiate(String),
+    /// The guest trapped (out of fuel, out of memory, or a bug). The call had
+    /// no effect; the instance has been replaced by a fresh one.
+    #[error("the fencecheck guest trapped in `{call}`: {message}")]
+    Trapped {
+        /// The export being called.
+        call: &'static str,
+        /// wasmtime's description of the trap.
+        message: String,
+    },
+    /// The call's inputs exceed the transport bound of [`crate::Limits`]; it was
+    /// not sent to the guest.
+    #[error("call to `{call}` carries {bytes} bytes, above the {limit}-byte bound")]
+    TooLarge {
+        /// The export that was not called.
+        call: &'static str,
+        /// The size of its inputs.
+        bytes: usize,
+        /// The configured bound.
+        limit: usize,
+    },
+}

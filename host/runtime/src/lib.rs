@@ -1,0 +1,65 @@
+//! Run the fencecheck component inside your own atomic write path.
+//!
+//! fencecheck is the stale-owner rule for distributed locks: every protected
+//! mutation carries a fencing token, and the resource refuses any token below
+//! the highest it has accepted. The rule lives in one WebAssembly component;
+//! this crate loads it with wasmtime (or runs the same code natively, as the
+//! reference) and hands back decisions as values.
+//!
+//! # Layout
+//!
+//! - [`Runtime`]: one per process. Shares the wasmtime engine, the compiled
+//!   component and its pre-instantiation; cheap to clone and `Send + Sync`.
+//! - [`Instance`]: one per thread or connection. Bounded per call (fuel) and in
+//!   memory; re-instantiated after a trap, which is reported as [`Error::Trapped`].
+//! - [`Native`]: the reference implementation, compiled from the same guest
+//!   source; implements the same [`Checker`] trait.
+//! - [`vectors`]: the cross-runtime conformance runner (DESIGN.md's format).
+//! - [`TokenText`]: the canonical text form of a token (`EPOCH.COUNTER` or
+//!   `AUTHORITY:EPOCH.COUNTER`), shared by the CLI, SQL and HTTP.
+//!
+//! Two layers of result: infrastructure failures (a trapped guest, a call too
+//! large) are [`Error`]s; the decision itself is an [`Outcome`]: either a
+//! [`Decision`] (`applied`, `duplicate`, `stale-fence`, `version-conflict`) or a
+//! [`CheckError`] (the request or the stored state is unusable). Both mean
+//! "change nothing" unless the decision is `applied`.
+//!
+//! # Example
+//!
+//! ```
+//! use fencecheck::{Decision, Policy, Request, Runtime, Token};
+//!
+//! # fn main() -> Result<(), fencecheck::Error> {
+//! let runtime = Runtime::new()?;            // once per process
+//! let mut guest = runtime.instance()?;      // once per thread
+//!
+//! // Inside your transaction: read the scope's state, check, then write.
+//! let stored: Option<Vec<u8>> = None;
+//! let request = Request::new("report/july", Token::new(0, 0, 41), Policy::Strict);
+//! match guest.check(stored.as_deref(), &request)? {
+//!     Ok(Decision::Applied { state, .. }) => { /* apply mutation, store `state`, commit */ }
+//!     Ok(Decision::StaleFence { .. }) => { /* roll back; never retry under this grant */ }
+//!     Ok(other) => { /* duplicate or version conflict: roll back */ let _ = other; }
+//!     Err(refused) => { /* invalid request or corrupt state: roll back */ let _ = refused; }
+//! }
+//! # Ok(()) }
+//! ```
+#![deny(clippy::expect_used, clippy::panic)]
+
+mod error;
+mod runtime;
+mod text;
+pub mod vectors;
+
+pub use error::Error;
+pub use fencecheck_guest::{
+    CheckError, Corruption, Decision, FORMAT_VERSION, InvalidReason, MAX_OP_ID_BYTES,
+    MAX_SCOPE_BYTES, Policy, Request, StateInfo, Token, WINDOW_CAPACITY, WindowEntry,
+};
+pub use runtime::{COMPONENT, Checker, Instance, Limits, Native, Runtime};
+pub use text::{TokenText, TokenTextError};
+
+/// A decision, or the reason no decision could be made. Either way it is
+/// deterministic: the same state and request give the same outcome in every
+/// runtime. Only `Ok(Decision::Applied { .. })` permits a change.
+pub type Outcome = Result<Decision, CheckError>;
