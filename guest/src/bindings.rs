@@ -19,7 +19,10 @@ struct Component;
 export!(Component);
 
 impl wit::Guest for Component {
-    fn check(state: Option<Vec<u8>>, request: wit::Request) -> Result<wit::Decision, wit::CheckError> {
+    fn check(
+        state: Option<Vec<u8>>,
+        request: wit::Request,
+    ) -> Result<wit::Decision, wit::CheckError> {
         decide(state.as_deref(), request)
     }
 

@@ -168,10 +168,7 @@ mod tests {
         let b = Request::new("s", t, Policy::AllowEqual).with_op_id("b");
         let s = applied_state(check(None, &a));
         let s = applied_state(check(Some(&s), &b));
-        assert_eq!(
-            check(Some(&s), &a),
-            Ok(Decision::Duplicate { version: 1 })
-        );
+        assert_eq!(check(Some(&s), &a), Ok(Decision::Duplicate { version: 1 }));
         let newer = Request::new("s", Token::new(0, 0, 6), Policy::AllowEqual).with_op_id("c");
         let s = applied_state(check(Some(&s), &newer));
         let again = Request::new("s", Token::new(0, 0, 6), Policy::AllowEqual).with_op_id("a");

@@ -147,7 +147,9 @@ fn decode_body(body: &[u8]) -> Result<State, Corruption> {
     for _ in 0..count {
         let op_id = r.string(1, MAX_OP_ID_BYTES)?;
         let entry_version = r.u64()?;
-        let increasing = window.last().is_none_or(|prev| prev.version < entry_version);
+        let increasing = window
+            .last()
+            .is_none_or(|prev| prev.version < entry_version);
         let distinct = window.iter().all(|e| e.op_id != op_id);
         if entry_version == 0 || entry_version > version || !increasing || !distinct {
             return Err(Corruption::Malformed);

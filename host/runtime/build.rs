@@ -56,8 +56,8 @@ fn main() -> Result<(), Box<dyn Error>> {
     }
 
     let module_path = target_dir.join("wasm32-unknown-unknown/guest/fencecheck_guest.wasm");
-    let module = fs::read(&module_path)
-        .map_err(|e| format!("reading {}: {e}", module_path.display()))?;
+    let module =
+        fs::read(&module_path).map_err(|e| format!("reading {}: {e}", module_path.display()))?;
     let component = wit_component::ComponentEncoder::default()
         .module(&module)?
         .validate(true)

@@ -1,1 +1,128 @@
-fn main() {}
+//! `fencecheck`: the demo, the conformance runner and the state inspector.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand, ValueEnum};
+use fencecheck::{Checker, Limits, Native, Runtime};
+
+mod demo;
+
+#[derive(Parser)]
+#[command(
+    name = "fencecheck",
+    version,
+    about = "Stale-owner safety for distributed locks"
+)]
+struct Cli {
+    /// Load this component file instead of the one built into the binary.
+    #[arg(long, global = true, env = "FENCECHECK_COMPONENT")]
+    component: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// The seed's paused report writer, end to end, on an embedded SQLite database.
+    Demo {
+        /// Keep the database in this file (default: a temporary file, removed after).
+        #[arg(long)]
+        db: Option<PathBuf>,
+    },
+    /// Run conformance vector files; ends with `N passed, N failed`.
+    Vectors {
+        /// Which implementation decides.
+        #[arg(long, value_enum, default_value_t = RuntimeKind::Wasm)]
+        runtime: RuntimeKind,
+        /// Vector files (JSON).
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+    },
+    /// Print a stored fence state (hex) as JSON.
+    Inspect {
+        /// The state's bytes in hex.
+        hex: String,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum RuntimeKind {
+    /// The component, through wasmtime.
+    Wasm,
+    /// The guest's source compiled natively (the reference).
+    Native,
+}
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("fencecheck: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn runtime(component: Option<&PathBuf>) -> Result<Runtime> {
+    Ok(match component {
+        Some(path) => Runtime::from_file(path, Limits::default())?,
+        None => Runtime::new()?,
+    })
+}
+
+fn run() -> Result<ExitCode> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Demo { db } => demo::run(&runtime(cli.component.as_ref())?, db.as_deref()),
+        Command::Vectors {
+            runtime: kind,
+            files,
+        } => {
+            let mut checker: Box<dyn Checker> = match kind {
+                RuntimeKind::Wasm => Box::new(runtime(cli.component.as_ref())?.instance()?),
+                RuntimeKind::Native => Box::new(Native),
+            };
+            Ok(vectors(checker.as_mut(), &files))
+        }
+        Command::Inspect { hex } => {
+            let bytes = hex::decode(hex.trim()).context("the state must be hex")?;
+            let info = runtime(cli.component.as_ref())?
+                .instance()?
+                .inspect(&bytes)?
+                .map_err(|e| anyhow::anyhow!("{}", fencecheck::vectors::describe(&Err(e))))?;
+            println!("{}", serde_json::to_string_pretty(&info)?);
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+fn vectors(checker: &mut dyn Checker, files: &[PathBuf]) -> ExitCode {
+    let (mut passed, mut failed) = (0usize, 0usize);
+    for path in files {
+        let shown = path.display();
+        let report = match fencecheck::vectors::load(path) {
+            Ok(file) => fencecheck::vectors::run(&file, checker),
+            Err(e) => {
+                println!("FAIL {shown}: {e}");
+                failed += 1;
+                continue;
+            }
+        };
+        for failure in &report.failures {
+            println!("FAIL {shown}: {failure}");
+        }
+        if report.passed() {
+            passed += 1;
+        } else {
+            failed += 1;
+        }
+    }
+    println!("{passed} passed, {failed} failed");
+    if failed == 0 && passed > 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}

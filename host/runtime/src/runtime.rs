@@ -8,8 +8,8 @@ use wasmtime::component::{Component, Linker};
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store};
 use wasmtime::{ResourceLimiter, StoreLimits, StoreLimitsBuilder};
 
-use crate::{Error, Outcome, Request, StateInfo, Token};
 use crate::{CheckError, Decision, Policy};
+use crate::{Error, Outcome, Request, StateInfo, Token};
 
 mod wit {
     wasmtime::component::bindgen!({
@@ -192,8 +192,7 @@ pub trait Checker {
 
     /// Decide independent state/request pairs; results in input order, each
     /// exactly what [`Checker::check`] would return for that pair.
-    fn check_batch(&mut self, items: &[(Option<&[u8]>, &Request)])
-    -> Result<Vec<Outcome>, Error>;
+    fn check_batch(&mut self, items: &[(Option<&[u8]>, &Request)]) -> Result<Vec<Outcome>, Error>;
 
     /// Decode a stored state.
     fn inspect(&mut self, state: &[u8]) -> Result<Result<StateInfo, CheckError>, Error>;
@@ -214,10 +213,7 @@ impl Checker for Native {
         Ok(fencecheck_guest::check(state, request))
     }
 
-    fn check_batch(
-        &mut self,
-        items: &[(Option<&[u8]>, &Request)],
-    ) -> Result<Vec<Outcome>, Error> {
+    fn check_batch(&mut self, items: &[(Option<&[u8]>, &Request)]) -> Result<Vec<Outcome>, Error> {
         Ok(items
             .iter()
             .map(|(state, request)| fencecheck_guest::check(*state, request))
@@ -357,10 +353,7 @@ impl Checker for Instance {
         Instance::check(self, state, request)
     }
 
-    fn check_batch(
-        &mut self,
-        items: &[(Option<&[u8]>, &Request)],
-    ) -> Result<Vec<Outcome>, Error> {
+    fn check_batch(&mut self, items: &[(Option<&[u8]>, &Request)]) -> Result<Vec<Outcome>, Error> {
         Instance::check_batch(self, items)
     }
 

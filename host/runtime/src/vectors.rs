@@ -317,7 +317,11 @@ pub fn compare(expect: &Expect, outcome: &Outcome) -> Result<(), String> {
         }
         Err(e) => {
             field("error", expect.error.as_deref(), e.name())?;
-            field("reason", expect.reason.as_deref(), reason(e).unwrap_or("none"))
+            field(
+                "reason",
+                expect.reason.as_deref(),
+                reason(e).unwrap_or("none"),
+            )
         }
     }
 }
@@ -348,10 +352,7 @@ pub fn describe(outcome: &Outcome) -> String {
     match outcome {
         Ok(Decision::Applied {
             version, highest, ..
-        }) => format!(
-            "applied (version {version}, highest {:?})",
-            pair(*highest)
-        ),
+        }) => format!("applied (version {version}, highest {:?})", pair(*highest)),
         Ok(Decision::Duplicate { version }) => format!("duplicate (version {version})"),
         Ok(Decision::StaleFence { presented, highest }) => format!(
             "stale-fence (presented {:?}, highest {:?})",
