@@ -1,1 +1,36 @@
-//! Shared helpers for fencecheck integration tests.
+//! Shared helpers for fencecheck's integration tests: one runtime per test
+//! process (the component is compiled once), and the vector files.
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+use anyhow::{Context, Result};
+use fencecheck::Runtime;
+
+/// The process-wide runtime over the embedded component, compiled once.
+pub fn runtime() -> Result<Runtime> {
+    static RUNTIME: OnceLock<Runtime> = OnceLock::new();
+    if let Some(rt) = RUNTIME.get() {
+        return Ok(rt.clone());
+    }
+    let rt = Runtime::new().context("loading the embedded component")?;
+    Ok(RUNTIME.get_or_init(|| rt).clone())
+}
+
+/// `tests/vectors/`.
+pub fn vectors_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("vectors")
+}
+
+/// Every `*.json` file in `tests/vectors/`, sorted.
+pub fn vector_files() -> Result<Vec<PathBuf>> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(vectors_dir()).context("listing tests/vectors")? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|e| e == "json") {
+            files.push(path);
+        }
+    }
+    files.sort();
+    Ok(files)
+}

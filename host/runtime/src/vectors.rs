@@ -167,7 +167,12 @@ impl FileReport {
 /// Read and parse a vector file; errors are readable one-liners.
 pub fn load(path: &Path) -> Result<VectorFile, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read: {e}"))?;
-    serde_json::from_str(&text).map_err(|e| format!("cannot parse: {e}"))
+    parse(&text)
+}
+
+/// Parse a vector file's text; errors are readable one-liners.
+pub fn parse(text: &str) -> Result<VectorFile, String> {
+    serde_json::from_str(text).map_err(|e| format!("cannot parse: {e}"))
 }
 
 /// Run a parsed file against one checker. Infrastructure errors (a trapped

@@ -1,0 +1,174 @@
+//! The built component's shape and the runtime's failure handling.
+
+use anyhow::{Context, Result, bail, ensure};
+use fencecheck::{
+    COMPONENT, CheckError, Checker, Decision, Error, InvalidReason, Limits, Native, Policy,
+    Request, Runtime, Token,
+};
+use fencecheck_tests::runtime;
+use wasmparser::{Parser, Payload};
+
+/// The component imports nothing at all (no WASI, no host functions), checked
+/// by parsing its binary: the outer component has no imports and no core
+/// module inside it imports anything either.
+#[test]
+fn component_imports_nothing() -> Result<()> {
+    let mut imports = Vec::new();
+    let mut exports = Vec::new();
+    let mut depth = 0usize;
+    for payload in Parser::new(0).parse_all(COMPONENT) {
+        match payload.context("parsing the component")? {
+            // Nested components (wit-component's type ascriptions for exported
+            // interfaces) import types from their parent; only the outermost
+            // component's imports reach the host.
+            Payload::ComponentImportSection(section) if depth == 0 => {
+                for import in section {
+                    imports.push(format!("component import {}", import?.name.0));
+                }
+            }
+            Payload::ImportSection(section) => {
+                for import in section {
+                    let import = import?;
+                    imports.push(format!("core import {}::{}", import.module, import.name));
+                }
+            }
+            Payload::ComponentExportSection(section) if depth == 0 => {
+                for export in section {
+                    exports.push(export?.name.0.to_string());
+                }
+            }
+            Payload::ModuleSection { .. } | Payload::ComponentSection { .. } => depth += 1,
+            Payload::End(_) => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    ensure!(imports.is_empty(), "the component imports: {imports:?}");
+    exports.sort();
+    ensure!(
+        exports
+            == [
+                "fencecheck:fence/check@0.1.0",
+                "fencecheck:fence/types@0.1.0"
+            ],
+        "unexpected exports {exports:?}"
+    );
+    Ok(())
+}
+
+/// The component stays small (the aim: under 64 KiB).
+#[test]
+fn component_is_small() {
+    assert!(COMPONENT.len() < 64 * 1024, "{} bytes", COMPONENT.len());
+}
+
+/// A trapping guest (here: out of memory while receiving a batch) is reported
+/// as `Error::Trapped`, and the same `Instance` works again afterwards.
+#[test]
+fn trap_is_an_error_and_the_instance_recovers() -> Result<()> {
+    let limits = Limits {
+        memory_bytes: 2 << 20,
+        ..Limits::default()
+    };
+    let rt = Runtime::from_bytes(COMPONENT, limits)?;
+    let mut guest = rt.instance()?;
+    let big = "x".repeat(1000);
+    let request = Request::new(big.as_str(), Token::new(0, 0, 1), Policy::Strict);
+    let items: Vec<(Option<&[u8]>, &Request)> = (0..4000).map(|_| (None, &request)).collect();
+    match guest.check_batch(&items) {
+        Err(Error::Trapped { call, .. }) => ensure!(call == "check-batch"),
+        other => bail!("expected a trap, got {other:?}"),
+    }
+    let ok = Request::new("report/july", Token::new(0, 0, 1), Policy::Strict);
+    let outcome = guest.check(None, &ok)?;
+    ensure!(
+        matches!(outcome, Ok(Decision::Applied { version: 1, .. })),
+        "{outcome:?}"
+    );
+    Ok(())
+}
+
+/// A guest that runs out of fuel is stopped and reported, not left running.
+#[test]
+fn fuel_bounds_each_call() -> Result<()> {
+    let limits = Limits {
+        fuel_per_check: 50,
+        ..Limits::default()
+    };
+    let mut guest = Runtime::from_bytes(COMPONENT, limits)?.instance()?;
+    let request = Request::new("s", Token::new(0, 0, 1), Policy::Strict);
+    match guest.check(None, &request) {
+        Err(Error::Trapped { message, .. }) => ensure!(message.contains("fuel"), "{message}"),
+        other => bail!("expected an out-of-fuel trap, got {other:?}"),
+    }
+    Ok(())
+}
+
+/// Inputs above the transport bound are refused before reaching the guest.
+#[test]
+fn oversized_calls_are_refused_before_the_guest() -> Result<()> {
+    let limits = Limits {
+        call_bytes: 4096,
+        ..Limits::default()
+    };
+    let mut guest = Runtime::from_bytes(COMPONENT, limits)?.instance()?;
+    let request = Request::new("s".repeat(5000), Token::new(0, 0, 1), Policy::Strict);
+    match guest.check(None, &request) {
+        Err(Error::TooLarge { bytes: 5000, .. }) => Ok(()),
+        other => bail!("expected TooLarge, got {other:?}"),
+    }
+}
+
+/// A multi-megabyte scope within the transport bound reaches the guest and is
+/// refused as an invalid request, not a trap.
+#[test]
+fn huge_scope_is_an_invalid_request() -> Result<()> {
+    let mut guest = runtime()?.instance()?;
+    let request = Request::new("s".repeat(4 << 20), Token::new(0, 0, 1), Policy::Strict);
+    let outcome = guest.check(None, &request)?;
+    ensure!(
+        outcome == Err(CheckError::InvalidRequest(InvalidReason::ScopeTooLong)),
+        "{outcome:?}"
+    );
+    Ok(())
+}
+
+/// Bytes that are not a component are a load error, not a panic.
+#[test]
+fn garbage_component_is_a_load_error() {
+    let result = Runtime::from_bytes(b"\0asm not really", Limits::default());
+    assert!(matches!(result, Err(Error::Load(_))), "{result:?}");
+}
+
+/// One runtime serves many threads, each with its own instance, and every
+/// thread gets the native reference's answer.
+#[test]
+fn one_runtime_many_threads() -> Result<()> {
+    let rt = runtime()?;
+    let handles: Vec<_> = (0..8u64)
+        .map(|i| {
+            let rt = rt.clone();
+            std::thread::spawn(move || -> Result<()> {
+                let mut guest = rt.instance()?;
+                let mut state: Option<Vec<u8>> = None;
+                for counter in 1..=200u64 {
+                    let r = Request::new(
+                        format!("scope/{i}"),
+                        Token::new(i, 1, counter),
+                        Policy::Strict,
+                    );
+                    let wasm = guest.check(state.as_deref(), &r)?;
+                    let native = Native.check(state.as_deref(), &r)?;
+                    ensure!(wasm == native, "thread {i}: {wasm:?} != {native:?}");
+                    if let Ok(Decision::Applied { state: next, .. }) = wasm {
+                        state = Some(next);
+                    }
+                }
+                Ok(())
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().map_err(|_| anyhow::anyhow!("thread panicked"))??;
+    }
+    Ok(())
+}

@@ -1,0 +1,167 @@
+//! Property tests: random request sequences through the wasm component and the
+//! native reference, checked for agreement and for the fencing invariants.
+
+use std::cmp::Ordering;
+use std::collections::HashSet;
+
+use fencecheck::{CheckError, Checker, Decision, Native, Policy, Request, Token};
+use fencecheck_tests::runtime;
+use proptest::prelude::*;
+
+fn token() -> impl Strategy<Value = Token> {
+    // Mostly authority 0 and small numbers (so tokens collide and repeat),
+    // sometimes the extremes.
+    let small = (0u64..3, 0u64..6);
+    let edge = (
+        prop_oneof![Just(0), Just(u64::MAX)],
+        prop_oneof![Just(0), Just(1), Just(u64::MAX)],
+    );
+    (
+        prop_oneof![8 => Just(0u64), 1 => Just(1u64), 1 => Just(u64::MAX)],
+        prop_oneof![9 => small, 1 => edge],
+    )
+        .prop_map(|(authority, (epoch, counter))| Token::new(authority, epoch, counter))
+}
+
+fn scope() -> impl Strategy<Value = String> {
+    prop_oneof![
+        12 => Just("report/july".to_string()),
+        2 => Just("rapport/juillet-é".to_string()),
+        1 => Just(String::new()),
+        1 => "[a-zé😀]{1,8}",
+        1 => Just("s".repeat(1024)),
+        1 => Just("s".repeat(1025)),
+    ]
+}
+
+fn op_id() -> impl Strategy<Value = Option<String>> {
+    prop_oneof![
+        4 => Just(None),
+        6 => "op[0-9]{1,2}".prop_map(Some),
+        1 => Just(Some(String::new())),
+        1 => Just(Some("o".repeat(257))),
+    ]
+}
+
+fn request() -> impl Strategy<Value = Request> {
+    (
+        scope(),
+        token(),
+        prop_oneof![Just(Policy::Strict), Just(Policy::AllowEqual)],
+        op_id(),
+        prop_oneof![3 => Just(None), 1 => (0u64..6).prop_map(Some)],
+    )
+        .prop_map(|(scope, token, policy, op_id, expected_version)| Request {
+            scope,
+            token,
+            policy,
+            op_id,
+            expected_version,
+        })
+}
+
+/// Damage to apply to a stored state: (kind, position, byte).
+fn damage() -> impl Strategy<Value = (u8, usize, u8)> {
+    (0u8..4, any::<usize>(), any::<u8>())
+}
+
+fn damaged(state: &[u8], (kind, at, byte): (u8, usize, u8)) -> Vec<u8> {
+    let mut out = state.to_vec();
+    match kind {
+        0 => {
+            let bit = at % (out.len() * 8);
+            out[bit / 8] ^= 1 << (bit % 8);
+        }
+        1 => out.truncate(at % out.len()),
+        2 => out.push(byte),
+        _ => {
+            // Flip two bits in different bytes: still caught by CRC-32C.
+            let bit = at % (out.len() * 8);
+            out[bit / 8] ^= 1 << (bit % 8);
+            let other = (bit / 8 + 1 + at % 7) % out.len();
+            if other != bit / 8 {
+                out[other] ^= 0x80;
+            } else {
+                out.push(byte);
+            }
+        }
+    }
+    out
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 192, ..ProptestConfig::default() })]
+
+    /// Wasm and native give identical decisions and state bytes on random
+    /// sequences; the wasm guest never traps; the fencing invariants hold; and
+    /// every damaged state is refused.
+    #[test]
+    fn random_sequences_agree_and_stay_fenced(
+        requests in prop::collection::vec(request(), 1..60),
+        damages in prop::collection::vec(damage(), 1..8),
+    ) {
+        let mut wasm = runtime().map_err(|e| TestCaseError::fail(format!("{e:#}")))?.instance()
+            .map_err(|e| TestCaseError::fail(format!("{e}")))?;
+        let mut state: Option<Vec<u8>> = None;
+        let mut highest: Option<Token> = None;
+        let mut applied_strict: HashSet<(u64, u64, u64)> = HashSet::new();
+        for request in &requests {
+            let on_wasm = wasm.check(state.as_deref(), request)
+                .map_err(|e| TestCaseError::fail(format!("guest failed: {e}")))?;
+            let on_native = Native.check(state.as_deref(), request)
+                .map_err(|e| TestCaseError::fail(format!("{e}")))?;
+            prop_assert_eq!(&on_wasm, &on_native);
+            if let Ok(Decision::Applied { state: next, highest: new_highest, .. }) = on_wasm {
+                if let Some(previous) = highest {
+                    let order = request.token.grant_order(&previous);
+                    // Nothing below the highest is ever applied; equal only under allow-equal.
+                    prop_assert!(order != Ordering::Less);
+                    if request.policy == Policy::Strict {
+                        prop_assert_eq!(order, Ordering::Greater);
+                    }
+                }
+                if request.policy == Policy::Strict {
+                    let key = (request.token.authority, request.token.epoch, request.token.counter);
+                    // Under strict a token is applied at most once.
+                    prop_assert!(applied_strict.insert(key), "strict token {:?} applied twice", key);
+                }
+                prop_assert_eq!(new_highest, request.token);
+                highest = Some(new_highest);
+                state = Some(next);
+            }
+        }
+        if let Some(bytes) = &state {
+            // The stored state decodes to the tracked high-water mark in both runtimes.
+            let info = wasm.inspect(bytes).map_err(|e| TestCaseError::fail(format!("{e}")))?;
+            prop_assert_eq!(&info, &Native.inspect(bytes).map_err(|e| TestCaseError::fail(format!("{e}")))?);
+            prop_assert_eq!(info.map(|i| i.highest).ok(), highest);
+            for d in &damages {
+                let bad = damaged(bytes, *d);
+                let probe = Request::new("report/july", Token::new(0, 9, 9), Policy::Strict);
+                let on_wasm = wasm.check(Some(&bad), &probe)
+                    .map_err(|e| TestCaseError::fail(format!("guest failed: {e}")))?;
+                prop_assert!(matches!(on_wasm, Err(CheckError::CorruptState(_))), "{:?} accepted: {:?}", d, on_wasm);
+                prop_assert_eq!(&on_wasm, &native(&bad, &probe)?);
+            }
+        }
+    }
+
+    /// Arbitrary bytes as state never trap the guest and never decide
+    /// anything but an error (they are never a valid, checksummed frame here).
+    #[test]
+    fn arbitrary_state_bytes_are_refused(bytes in prop::collection::vec(any::<u8>(), 0..300)) {
+        let mut wasm = runtime().map_err(|e| TestCaseError::fail(format!("{e:#}")))?.instance()
+            .map_err(|e| TestCaseError::fail(format!("{e}")))?;
+        let probe = Request::new("report/july", Token::new(0, 1, 1), Policy::Strict);
+        let on_wasm = wasm.check(Some(&bytes), &probe)
+            .map_err(|e| TestCaseError::fail(format!("guest failed: {e}")))?;
+        prop_assert!(on_wasm.is_err(), "{:?}", on_wasm);
+        prop_assert_eq!(&on_wasm, &native(&bytes, &probe)?);
+    }
+}
+
+fn native(state: &[u8], request: &Request) -> Result<fencecheck::Outcome, TestCaseError> {
+    Native
+        .check(Some(state), request)
+        .map_err(|e| TestCaseError::fail(format!("{e}")))
+}
