@@ -132,6 +132,7 @@ fn validate(request: &Request) -> Result<(), InvalidReason> {
 }
 
 #[cfg(test)]
+#[allow(clippy::indexing_slicing, clippy::arithmetic_side_effects, clippy::panic)]
 mod tests {
     use super::*;
     use crate::types::Token;

@@ -215,6 +215,7 @@ pub fn inspect(bytes: &[u8]) -> Result<StateInfo, CheckError> {
 }
 
 #[cfg(test)]
+#[allow(clippy::indexing_slicing, clippy::arithmetic_side_effects, clippy::panic)]
 mod tests {
     use super::*;
 
