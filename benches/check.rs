@@ -1,0 +1,67 @@
+//! One fence check through wasmtime against the native reference, and
+//! `check-batch` per check. Reproduce: `cargo bench -p fencecheck-benches --bench check`.
+//!
+//! The workload is the common case: a scope that has accepted token 0.41 and a
+//! request presenting 0.42, so the guest decodes the state, decides `applied`
+//! and encodes the new state (the full path a publish takes).
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use fencecheck::{Checker, Decision, Native, Policy, Request, Runtime, Token};
+
+const BATCH: usize = 256;
+
+fn setup() -> anyhow::Result<(Vec<u8>, Request)> {
+    let first = Request::new("report/july", Token::new(0, 0, 41), Policy::Strict);
+    let Ok(Decision::Applied { state, .. }) = fencecheck_guest::check(None, &first) else {
+        anyhow::bail!("setup check was not applied");
+    };
+    Ok((state, Request::new("report/july", Token::new(0, 0, 42), Policy::Strict)))
+}
+
+fn bench(c: &mut Criterion) -> anyhow::Result<()> {
+    let (state, request) = setup()?;
+    let runtime = Runtime::new()?;
+    let mut wasm = runtime.instance()?;
+    // Both runtimes must decide the same thing before we time them.
+    anyhow::ensure!(wasm.check(Some(&state), &request)? == Native.check(Some(&state), &request)?);
+
+    let mut single = c.benchmark_group("check/single");
+    single.throughput(Throughput::Elements(1));
+    single.bench_function("native", |b| {
+        b.iter(|| fencecheck_guest::check(black_box(Some(&state)), black_box(&request)))
+    });
+    single.bench_function("wasm", |b| {
+        b.iter(|| wasm.check(black_box(Some(&state)), black_box(&request)))
+    });
+    single.finish();
+
+    let items: Vec<(Option<&[u8]>, &Request)> =
+        (0..BATCH).map(|_| (Some(state.as_slice()), &request)).collect();
+    let mut batch = c.benchmark_group("check/batch");
+    batch.throughput(Throughput::Elements(BATCH as u64));
+    batch.bench_with_input(BenchmarkId::new("native", BATCH), &items, |b, items| {
+        b.iter(|| Native.check_batch(black_box(items)))
+    });
+    batch.bench_with_input(BenchmarkId::new("wasm", BATCH), &items, |b, items| {
+        b.iter(|| wasm.check_batch(black_box(items)))
+    });
+    batch.finish();
+    Ok(())
+}
+
+fn benches(c: &mut Criterion) {
+    if let Err(e) = bench(c) {
+        eprintln!("benchmark setup failed: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+criterion_group! {
+    name = check;
+    config = Criterion::default().measurement_time(Duration::from_secs(4)).warm_up_time(Duration::from_secs(1));
+    targets = benches
+}
+criterion_main!(check);
