@@ -5,6 +5,9 @@
 //! request presenting 0.42, so the guest decodes the state, decides `applied`
 //! and encodes the new state (the full path a publish takes).
 
+// criterion_group! generates an undocumented pub fn.
+#![allow(missing_docs)]
+
 use std::hint::black_box;
 use std::time::Duration;
 
@@ -18,7 +21,10 @@ fn setup() -> anyhow::Result<(Vec<u8>, Request)> {
     let Ok(Decision::Applied { state, .. }) = fencecheck_guest::check(None, &first) else {
         anyhow::bail!("setup check was not applied");
     };
-    Ok((state, Request::new("report/july", Token::new(0, 0, 42), Policy::Strict)))
+    Ok((
+        state,
+        Request::new("report/july", Token::new(0, 0, 42), Policy::Strict),
+    ))
 }
 
 fn bench(c: &mut Criterion) -> anyhow::Result<()> {
@@ -38,8 +44,9 @@ fn bench(c: &mut Criterion) -> anyhow::Result<()> {
     });
     single.finish();
 
-    let items: Vec<(Option<&[u8]>, &Request)> =
-        (0..BATCH).map(|_| (Some(state.as_slice()), &request)).collect();
+    let items: Vec<(Option<&[u8]>, &Request)> = (0..BATCH)
+        .map(|_| (Some(state.as_slice()), &request))
+        .collect();
     let mut batch = c.benchmark_group("check/batch");
     batch.throughput(Throughput::Elements(BATCH as u64));
     batch.bench_with_input(BenchmarkId::new("native", BATCH), &items, |b, items| {

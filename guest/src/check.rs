@@ -2,10 +2,9 @@
 
 use core::cmp::Ordering;
 
-use crate::state::{State, WINDOW_CAPACITY};
+use crate::state::{Entry, State, WINDOW_CAPACITY};
 use crate::types::{
     CheckError, Decision, InvalidReason, MAX_OP_ID_BYTES, MAX_SCOPE_BYTES, Policy, Request,
-    WindowEntry,
 };
 
 /// Decide one request against a scope's stored state (`None` if the scope has
@@ -27,7 +26,7 @@ pub fn check(state: Option<&[u8]>, request: &Request) -> Result<Decision, CheckE
         None => (0, Vec::new()),
         Some(current) => {
             if current.scope != request.scope {
-                return Err(CheckError::ScopeMismatch(current.scope));
+                return Err(CheckError::ScopeMismatch(current.scope.to_owned()));
             }
             if current.highest.authority != request.token.authority {
                 return Err(CheckError::ForeignAuthority {
@@ -92,17 +91,17 @@ pub fn check(state: Option<&[u8]>, request: &Request) -> Result<Decision, CheckE
     // Rule 9.
     let next = version.checked_add(1).ok_or(CheckError::Exhausted)?;
     let mut window = window;
-    if let Some(op_id) = &request.op_id {
+    if let Some(op_id) = request.op_id.as_deref() {
         if window.len() >= WINDOW_CAPACITY {
             window.remove(0);
         }
-        window.push(WindowEntry {
-            op_id: op_id.clone(),
+        window.push(Entry {
+            op_id,
             version: next,
         });
     }
     let state = State {
-        scope: request.scope.clone(),
+        scope: &request.scope,
         highest: request.token,
         version: next,
         window,
@@ -132,7 +131,11 @@ fn validate(request: &Request) -> Result<(), InvalidReason> {
 }
 
 #[cfg(test)]
-#[allow(clippy::indexing_slicing, clippy::arithmetic_side_effects, clippy::panic)]
+#[allow(
+    clippy::indexing_slicing,
+    clippy::arithmetic_side_effects,
+    clippy::panic
+)]
 mod tests {
     use super::*;
     use crate::types::Token;

@@ -39,18 +39,26 @@ const MAGIC: [u8; 2] = *b"FS";
 const HEADER_LEN: usize = 2 + 1 + 4;
 const CRC_LEN: usize = 4;
 
-/// A decoded, validated fence state.
+/// One op-id applied under the highest token, borrowed from stored bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Entry<'a> {
+    pub op_id: &'a str,
+    pub version: u64,
+}
+
+/// A decoded, validated fence state. It borrows its strings from the stored
+/// bytes, so deciding a request allocates nothing but the new state.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct State {
-    pub scope: String,
+pub(crate) struct State<'a> {
+    pub scope: &'a str,
     /// Carries the scope's authority in `authority`.
     pub highest: Token,
     pub version: u64,
     /// Oldest first; at most [`WINDOW_CAPACITY`].
-    pub window: Vec<WindowEntry>,
+    pub window: Vec<Entry<'a>>,
 }
 
-impl State {
+impl<'a> State<'a> {
     /// The canonical bytes of this state. Callers uphold the invariants that
     /// `decode` checks (lengths within limits), so every length fits its field.
     pub(crate) fn encode(&self) -> Vec<u8> {
@@ -90,8 +98,8 @@ impl State {
 
     /// Decode and validate stored bytes; see the module docs for the order of
     /// checks.
-    pub(crate) fn decode(bytes: &[u8]) -> Result<State, CheckError> {
-        let corrupt = |c| CheckError::CorruptState(c);
+    pub(crate) fn decode(bytes: &'a [u8]) -> Result<State<'a>, CheckError> {
+        let corrupt = CheckError::CorruptState;
         if bytes.len() < HEADER_LEN.saturating_add(CRC_LEN) {
             return Err(corrupt(Corruption::Truncated));
         }
@@ -125,16 +133,23 @@ impl State {
     pub(crate) fn info(self) -> StateInfo {
         StateInfo {
             format_version: FORMAT_VERSION,
-            scope: self.scope,
+            scope: self.scope.to_owned(),
             authority: self.highest.authority,
             highest: self.highest,
             version: self.version,
-            window: self.window,
+            window: self
+                .window
+                .iter()
+                .map(|e| WindowEntry {
+                    op_id: e.op_id.to_owned(),
+                    version: e.version,
+                })
+                .collect(),
         }
     }
 }
 
-fn decode_body(body: &[u8]) -> Result<State, Corruption> {
+fn decode_body(body: &[u8]) -> Result<State<'_>, Corruption> {
     let mut r = Reader(body);
     let highest = Token::new(r.u64()?, r.u64()?, r.u64()?);
     let version = r.u64()?;
@@ -143,7 +158,7 @@ fn decode_body(body: &[u8]) -> Result<State, Corruption> {
     if highest.is_missing() || version == 0 || count > WINDOW_CAPACITY {
         return Err(Corruption::Malformed);
     }
-    let mut window: Vec<WindowEntry> = Vec::with_capacity(count);
+    let mut window: Vec<Entry<'_>> = Vec::with_capacity(count);
     for _ in 0..count {
         let op_id = r.string(1, MAX_OP_ID_BYTES)?;
         let entry_version = r.u64()?;
@@ -154,7 +169,7 @@ fn decode_body(body: &[u8]) -> Result<State, Corruption> {
         if entry_version == 0 || entry_version > version || !increasing || !distinct {
             return Err(Corruption::Malformed);
         }
-        window.push(WindowEntry {
+        window.push(Entry {
             op_id,
             version: entry_version,
         });
@@ -197,15 +212,13 @@ impl<'a> Reader<'a> {
     }
 
     /// A u16-length-prefixed UTF-8 string of `min..=max` bytes.
-    fn string(&mut self, min: usize, max: usize) -> Result<String, Corruption> {
+    fn string(&mut self, min: usize, max: usize) -> Result<&'a str, Corruption> {
         let len = usize::from(u16::from_le_bytes(self.array()?));
         if len < min || len > max {
             return Err(Corruption::Malformed);
         }
         let raw = self.take(len)?;
-        core::str::from_utf8(raw)
-            .map(str::to_owned)
-            .map_err(|_| Corruption::Malformed)
+        core::str::from_utf8(raw).map_err(|_| Corruption::Malformed)
     }
 }
 
@@ -215,22 +228,26 @@ pub fn inspect(bytes: &[u8]) -> Result<StateInfo, CheckError> {
 }
 
 #[cfg(test)]
-#[allow(clippy::indexing_slicing, clippy::arithmetic_side_effects, clippy::panic)]
+#[allow(
+    clippy::indexing_slicing,
+    clippy::arithmetic_side_effects,
+    clippy::panic
+)]
 mod tests {
     use super::*;
 
-    fn sample() -> State {
+    fn sample() -> State<'static> {
         State {
-            scope: "report/july".into(),
+            scope: "report/july",
             highest: Token::new(7, 1, 42),
             version: 3,
             window: vec![
-                WindowEntry {
-                    op_id: "a".into(),
+                Entry {
+                    op_id: "a",
                     version: 2,
                 },
-                WindowEntry {
-                    op_id: "b".into(),
+                Entry {
+                    op_id: "b",
                     version: 3,
                 },
             ],

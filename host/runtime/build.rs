@@ -18,7 +18,13 @@ fn main() -> Result<(), Box<dyn Error>> {
         .and_then(Path::parent)
         .ok_or("host/runtime must sit two levels below the workspace root")?
         .to_path_buf();
-    for watched in ["guest/src", "guest/Cargo.toml", "wit", "Cargo.lock"] {
+    for watched in [
+        "guest/src",
+        "guest/Cargo.toml",
+        "wit",
+        "Cargo.toml",
+        "Cargo.lock",
+    ] {
         println!("cargo:rerun-if-changed={}", root.join(watched).display());
     }
     println!("cargo:rerun-if-env-changed=CARGO_TARGET_DIR");
