@@ -1,0 +1,116 @@
+//! The `fencecheck` binary as a user runs it.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use anyhow::{Context, Result, ensure};
+
+fn fencecheck(args: &[&str]) -> Result<Output> {
+    Command::new(env!("CARGO_BIN_EXE_fencecheck"))
+        .args(args)
+        .env_remove("FENCECHECK_COMPONENT")
+        .output()
+        .context("running fencecheck")
+}
+
+fn vectors_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/vectors")
+}
+
+fn vector_args(runtime: &str) -> Result<Vec<String>> {
+    let mut args = vec!["vectors".to_string(), "--runtime".into(), runtime.into()];
+    for entry in std::fs::read_dir(vectors_dir())? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|e| e == "json") {
+            args.push(path.display().to_string());
+        }
+    }
+    Ok(args)
+}
+
+/// The demo shows the fence holding: B applied, A refused as stale, exit 0.
+#[test]
+fn demo_shows_the_fence_holding() -> Result<()> {
+    let out = fencecheck(&["demo"])?;
+    let text = String::from_utf8(out.stdout)?;
+    ensure!(out.status.success(), "demo failed:\n{text}");
+    ensure!(text.contains("B publishes with token 0.42 -> applied"), "{text}");
+    ensure!(text.contains("A publishes with token 0.41 -> stale-fence"), "{text}");
+    ensure!(text.contains("visible object : reports/july/b9.tmp"), "{text}");
+    Ok(())
+}
+
+/// `vectors` passes every file under both runtimes and says so in the last line.
+#[test]
+fn vectors_pass_under_both_runtimes() -> Result<()> {
+    for runtime in ["wasm", "native"] {
+        let args = vector_args(runtime)?;
+        let files = args.len() - 3;
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = fencecheck(&refs)?;
+        let text = String::from_utf8(out.stdout)?;
+        ensure!(out.status.success(), "[{runtime}] {text}");
+        ensure!(
+            text.lines().last() == Some(format!("{files} passed, 0 failed").as_str()),
+            "[{runtime}] {text}"
+        );
+    }
+    Ok(())
+}
+
+/// An unreadable or malformed file is a failure with a non-zero exit.
+#[test]
+fn bad_vector_files_fail() -> Result<()> {
+    let dir = std::env::temp_dir().join(format!("fencecheck-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let broken = dir.join("broken.json");
+    std::fs::write(&broken, "{\"name\": \"x\", \"steps\": [ {\"check\": {}} ]}")?;
+    let missing = dir.join("missing.json");
+    let out = fencecheck(&[
+        "vectors",
+        &broken.display().to_string(),
+        &missing.display().to_string(),
+    ])?;
+    std::fs::remove_dir_all(&dir)?;
+    let text = String::from_utf8(out.stdout)?;
+    ensure!(!out.status.success(), "{text}");
+    ensure!(text.lines().last() == Some("0 passed, 2 failed"), "{text}");
+    Ok(())
+}
+
+/// `inspect` prints a state as JSON and refuses damaged or non-hex input.
+#[test]
+fn inspect_prints_json_and_refuses_damage() -> Result<()> {
+    // A format-1 state: scope "report/july", highest 0.42, version 1.
+    let hex = "46530139000000000000000000000000000000000000002a0000000000000001000000000000000b007265706f72742f6a756c7900";
+    let good = format!("{hex}{}", crc_hex(hex)?);
+    let out = fencecheck(&["inspect", &good])?;
+    let text = String::from_utf8(out.stdout)?;
+    ensure!(out.status.success(), "{text}");
+    let json: serde_json::Value = serde_json::from_str(&text)?;
+    ensure!(json["scope"] == "report/july" && json["version"] == 1, "{json}");
+    ensure!(json["highest"]["counter"] == 42, "{json}");
+
+    let mut damaged = good.clone().into_bytes();
+    damaged[20] = if damaged[20] == b'0' { b'1' } else { b'0' };
+    for bad in [String::from_utf8(damaged)?, "zz".to_string()] {
+        let out = fencecheck(&["inspect", &bad])?;
+        ensure!(!out.status.success(), "accepted {bad}");
+        ensure!(out.stdout.is_empty());
+    }
+    Ok(())
+}
+
+/// The CRC-32C of a hex string's bytes, little-endian hex, via the binary
+/// itself would be circular, so computed here from the definition.
+fn crc_hex(hex: &str) -> Result<String> {
+    let bytes = hex::decode(hex)?;
+    let mut crc = !0u32;
+    for b in bytes {
+        crc ^= u32::from(b);
+        for _ in 0..8 {
+            crc = if crc & 1 != 0 { (crc >> 1) ^ 0x82F6_3B78 } else { crc >> 1 };
+        }
+    }
+    Ok(hex::encode((!crc).to_le_bytes()))
+}
