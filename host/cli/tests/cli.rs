@@ -34,9 +34,18 @@ fn demo_shows_the_fence_holding() -> Result<()> {
     let out = fencecheck(&["demo"])?;
     let text = String::from_utf8(out.stdout)?;
     ensure!(out.status.success(), "demo failed:\n{text}");
-    ensure!(text.contains("B publishes with token 0.42 -> applied"), "{text}");
-    ensure!(text.contains("A publishes with token 0.41 -> stale-fence"), "{text}");
-    ensure!(text.contains("visible object : reports/july/b9.tmp"), "{text}");
+    ensure!(
+        text.contains("B publishes with token 0.42 -> applied"),
+        "{text}"
+    );
+    ensure!(
+        text.contains("A publishes with token 0.41 -> stale-fence"),
+        "{text}"
+    );
+    ensure!(
+        text.contains("visible object : reports/july/b9.tmp"),
+        "{text}"
+    );
     Ok(())
 }
 
@@ -88,7 +97,10 @@ fn inspect_prints_json_and_refuses_damage() -> Result<()> {
     let text = String::from_utf8(out.stdout)?;
     ensure!(out.status.success(), "{text}");
     let json: serde_json::Value = serde_json::from_str(&text)?;
-    ensure!(json["scope"] == "report/july" && json["version"] == 1, "{json}");
+    ensure!(
+        json["scope"] == "report/july" && json["version"] == 1,
+        "{json}"
+    );
     ensure!(json["highest"]["counter"] == 42, "{json}");
 
     let mut damaged = good.clone().into_bytes();
@@ -109,7 +121,11 @@ fn crc_hex(hex: &str) -> Result<String> {
     for b in bytes {
         crc ^= u32::from(b);
         for _ in 0..8 {
-            crc = if crc & 1 != 0 { (crc >> 1) ^ 0x82F6_3B78 } else { crc >> 1 };
+            crc = if crc & 1 != 0 {
+                (crc >> 1) ^ 0x82F6_3B78
+            } else {
+                crc >> 1
+            };
         }
     }
     Ok(hex::encode((!crc).to_le_bytes()))

@@ -15,6 +15,9 @@ mod wit {
     wasmtime::component::bindgen!({
         path: "../../wit",
         world: "fencecheck",
+        // Export parameters borrow the caller's strings and bytes: no copy
+        // on the host before they are lowered into the guest.
+        ownership: Borrowing { duplicate_if_necessary: true },
     });
 }
 
@@ -255,7 +258,7 @@ impl Instance {
         let fuel = self.runtime.shared.limits.fuel_per_check;
         let result = self.call(CALL, fuel, |b, store| {
             b.fencecheck_fence_check()
-                .call_check(store, state, &abi_request)
+                .call_check(store, state, abi_request)
         })?;
         Ok(outcome_in(result))
     }
@@ -274,7 +277,7 @@ impl Instance {
         let abi_items: Vec<abi::BatchItem> = items
             .iter()
             .map(|(state, request)| abi::BatchItem {
-                state: state.map(<[u8]>::to_vec),
+                state: *state,
                 request: request_out(request),
             })
             .collect();
@@ -385,15 +388,15 @@ fn token_in(t: AbiToken) -> Token {
     Token::new(t.authority, t.epoch, t.counter)
 }
 
-fn request_out(r: &Request) -> abi::Request {
+fn request_out(r: &Request) -> abi::Request<'_> {
     abi::Request {
-        scope: r.scope.clone(),
+        scope: &r.scope,
         token: token_out(r.token),
         policy: match r.policy {
             Policy::Strict => abi::Policy::Strict,
             Policy::AllowEqual => abi::Policy::AllowEqual,
         },
-        op_id: r.op_id.clone(),
+        op_id: r.op_id.as_deref(),
         expected_version: r.expected_version,
     }
 }
