@@ -40,6 +40,13 @@ enum Command {
         #[arg(required = true)]
         files: Vec<PathBuf>,
     },
+    /// Write the component bytes this binary embeds (for hosts in other
+    /// languages, which load the same component).
+    Component {
+        /// Output file.
+        #[arg(short, long)]
+        out: PathBuf,
+    },
     /// Print a stored fence state (hex) as JSON.
     Inspect {
         /// The state's bytes in hex.
@@ -85,6 +92,19 @@ fn run() -> Result<ExitCode> {
                 RuntimeKind::Native => Box::new(Native),
             };
             Ok(vectors(checker.as_mut(), &files))
+        }
+        Command::Component { out } => {
+            // Validate before writing: a file that wasmtime refuses must not ship.
+            let bytes = match &cli.component {
+                Some(path) => {
+                    std::fs::read(path).with_context(|| format!("reading {}", path.display()))?
+                }
+                None => fencecheck::COMPONENT.to_vec(),
+            };
+            Runtime::from_bytes(&bytes, Limits::default())?;
+            std::fs::write(&out, &bytes).with_context(|| format!("writing {}", out.display()))?;
+            eprintln!("wrote {} ({} bytes)", out.display(), bytes.len());
+            Ok(ExitCode::SUCCESS)
         }
         Command::Inspect { hex } => {
             let bytes = hex::decode(hex.trim()).context("the state must be hex")?;
