@@ -48,6 +48,7 @@ fn component_imports_nothing() -> Result<()> {
         exports
             == [
                 "fencecheck:fence/check@0.1.0",
+                "fencecheck:fence/lease@0.1.0",
                 "fencecheck:fence/types@0.1.0"
             ],
         "unexpected exports {exports:?}"

@@ -101,18 +101,22 @@ fn error_out(e: CheckError) -> wit::CheckError {
             InvalidReason::OpIdTooLong => wit::InvalidReason::OpIdTooLong,
             InvalidReason::EqualTokenUnguarded => wit::InvalidReason::EqualTokenUnguarded,
         }),
-        CheckError::CorruptState(c) => wit::CheckError::CorruptState(match c {
-            Corruption::Truncated => wit::Corruption::Truncated,
-            Corruption::LengthMismatch => wit::Corruption::LengthMismatch,
-            Corruption::ChecksumMismatch => wit::Corruption::ChecksumMismatch,
-            Corruption::Malformed => wit::Corruption::Malformed,
-        }),
+        CheckError::CorruptState(c) => wit::CheckError::CorruptState(corruption_out(c)),
         CheckError::UnsupportedStateVersion(v) => wit::CheckError::UnsupportedStateVersion(v),
         CheckError::ScopeMismatch(s) => wit::CheckError::ScopeMismatch(s),
         CheckError::ForeignAuthority { stored, presented } => {
             wit::CheckError::ForeignAuthority(wit::ForeignAuthority { stored, presented })
         }
         CheckError::Exhausted => wit::CheckError::Exhausted,
+    }
+}
+
+fn corruption_out(c: Corruption) -> wit::Corruption {
+    match c {
+        Corruption::Truncated => wit::Corruption::Truncated,
+        Corruption::LengthMismatch => wit::Corruption::LengthMismatch,
+        Corruption::ChecksumMismatch => wit::Corruption::ChecksumMismatch,
+        Corruption::Malformed => wit::Corruption::Malformed,
     }
 }
 
@@ -131,5 +135,131 @@ fn info_out(i: StateInfo) -> wit::StateInfo {
                 version: e.version,
             })
             .collect(),
+    }
+}
+
+mod lease_exports {
+    use super::exports::fencecheck::fence::lease as wit;
+    use super::{Component, corruption_out, token_in, token_out};
+    use crate::lease::{
+        Acquire, AcquireRequest, LeaseError, LeaseInfo, LeaseInvalidReason, Release,
+        ReleaseRequest, Renew, RenewRequest,
+    };
+
+    impl wit::Guest for Component {
+        fn acquire(
+            state: Option<Vec<u8>>,
+            r: wit::AcquireRequest,
+        ) -> Result<wit::AcquireOutcome, wit::LeaseError> {
+            let request = AcquireRequest {
+                lock: r.lock,
+                lease_id: r.lease_id,
+                authority: r.authority,
+                epoch_floor: r.epoch_floor,
+                now: r.now,
+                ttl: r.ttl,
+            };
+            match crate::lease::acquire(state.as_deref(), &request) {
+                Ok(Acquire::Acquired {
+                    token,
+                    expires_at,
+                    state,
+                }) => Ok(wit::AcquireOutcome::Acquired(wit::Acquired {
+                    token: token_out(token),
+                    expires_at,
+                    state,
+                })),
+                Ok(Acquire::Busy { holder, expires_at }) => {
+                    Ok(wit::AcquireOutcome::Busy(wit::Busy { holder, expires_at }))
+                }
+                Err(e) => Err(error_out(e)),
+            }
+        }
+
+        fn renew(
+            state: Option<Vec<u8>>,
+            r: wit::RenewRequest,
+        ) -> Result<wit::RenewOutcome, wit::LeaseError> {
+            let request = RenewRequest {
+                lease_id: r.lease_id,
+                token: token_in(r.token),
+                now: r.now,
+                ttl: r.ttl,
+            };
+            match crate::lease::renew(state.as_deref(), &request) {
+                Ok(Renew::Renewed { expires_at, state }) => {
+                    Ok(wit::RenewOutcome::Renewed(wit::Renewed {
+                        expires_at,
+                        state,
+                    }))
+                }
+                Ok(Renew::Lost) => Ok(wit::RenewOutcome::Lost),
+                Err(e) => Err(error_out(e)),
+            }
+        }
+
+        fn release(
+            state: Option<Vec<u8>>,
+            r: wit::ReleaseRequest,
+        ) -> Result<wit::ReleaseOutcome, wit::LeaseError> {
+            let request = ReleaseRequest {
+                lease_id: r.lease_id,
+                token: token_in(r.token),
+            };
+            match crate::lease::release(state.as_deref(), &request) {
+                Ok(Release::Released { state }) => Ok(wit::ReleaseOutcome::Released(state)),
+                Ok(Release::NotOwner) => Ok(wit::ReleaseOutcome::NotOwner),
+                Err(e) => Err(error_out(e)),
+            }
+        }
+
+        fn restore(state: Option<Vec<u8>>) -> Result<wit::Restored, wit::LeaseError> {
+            crate::lease::restore(state.as_deref())
+                .map(|(epoch, state)| wit::Restored { epoch, state })
+                .map_err(error_out)
+        }
+
+        fn inspect(state: Vec<u8>) -> Result<wit::LeaseInfo, wit::LeaseError> {
+            crate::lease::inspect_lease(&state)
+                .map(info_out)
+                .map_err(error_out)
+        }
+    }
+
+    fn info_out(i: LeaseInfo) -> wit::LeaseInfo {
+        wit::LeaseInfo {
+            format_version: i.format_version,
+            lock: i.lock,
+            authority: i.authority,
+            epoch: i.epoch,
+            counter: i.counter,
+            holder: i.holder.map(|h| wit::Holder {
+                lease_id: h.lease_id,
+                token: token_out(h.token),
+                expires_at: h.expires_at,
+            }),
+        }
+    }
+
+    fn error_out(e: LeaseError) -> wit::LeaseError {
+        match e {
+            LeaseError::InvalidRequest(reason) => wit::LeaseError::InvalidRequest(match reason {
+                LeaseInvalidReason::EmptyLock => wit::LeaseInvalidReason::EmptyLock,
+                LeaseInvalidReason::LockTooLong => wit::LeaseInvalidReason::LockTooLong,
+                LeaseInvalidReason::EmptyLeaseId => wit::LeaseInvalidReason::EmptyLeaseId,
+                LeaseInvalidReason::LeaseIdTooLong => wit::LeaseInvalidReason::LeaseIdTooLong,
+                LeaseInvalidReason::ZeroTtl => wit::LeaseInvalidReason::ZeroTtl,
+                LeaseInvalidReason::ExpiryOverflow => wit::LeaseInvalidReason::ExpiryOverflow,
+                LeaseInvalidReason::MissingToken => wit::LeaseInvalidReason::MissingToken,
+                LeaseInvalidReason::NoState => wit::LeaseInvalidReason::NoState,
+            }),
+            LeaseError::CorruptState(c) => wit::LeaseError::CorruptState(corruption_out(c)),
+            LeaseError::UnsupportedStateVersion(v) => wit::LeaseError::UnsupportedStateVersion(v),
+            LeaseError::LockMismatch(lock) => wit::LeaseError::LockMismatch(lock),
+            LeaseError::ForeignAuthority { stored, presented } => {
+                wit::LeaseError::ForeignAuthority(wit::ForeignAuthority { stored, presented })
+            }
+            LeaseError::Exhausted => wit::LeaseError::Exhausted,
+        }
     }
 }

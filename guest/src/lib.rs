@@ -9,7 +9,9 @@
 //!
 //! - `types`: tokens, requests, decisions and errors (the WIT types, in Rust).
 //! - `state`: the canonical, checksummed encoding of a scope's state.
-//! - `check`: the decision rules of DESIGN.md, in order.
+//! - `check`: the fence check's decision rules (DESIGN.md), in order.
+//! - `lease`: the lease authority's grant rules and the lease state encoding.
+//! - `frame`: the checksummed frame both encodings share.
 //! - `crc`: CRC-32C, hand-written to keep the component small.
 //! - `bindings` (wasm only): the wit-bindgen exports, a thin conversion layer.
 //!
@@ -42,11 +44,19 @@
 mod bindings;
 mod check;
 mod crc;
+mod frame;
+mod lease;
 mod state;
 mod types;
 
 pub use check::check;
-pub use state::{FORMAT_VERSION, WINDOW_CAPACITY, inspect};
+pub use frame::FORMAT_VERSION;
+pub use lease::{
+    Acquire, AcquireRequest, Holder, LeaseError, LeaseInfo, LeaseInvalidReason, MAX_LEASE_ID_BYTES,
+    MAX_LOCK_BYTES, Release, ReleaseRequest, Renew, RenewRequest, acquire, inspect_lease, release,
+    renew, restore,
+};
+pub use state::{WINDOW_CAPACITY, inspect};
 pub use types::{
     CheckError, Corruption, Decision, InvalidReason, MAX_OP_ID_BYTES, MAX_SCOPE_BYTES, Policy,
     Request, StateInfo, Token, WindowEntry,

@@ -1,16 +1,5 @@
-//! The canonical encoding of a scope's fence state.
-//!
-//! Every format version keeps the same *frame*, so a decoder can always tell
-//! damage from a newer format:
-//!
-//! ```text
-//! magic "FS" (2) | format (1) | total length u32 LE (4) | body … | CRC-32C u32 LE (4)
-//! ```
-//!
-//! The CRC covers every byte before it; the length counts every byte including
-//! the CRC. Damage is detected before the format is read, so a flipped format
-//! byte is `corrupt-state`, while an intact state of a newer format is
-//! `unsupported-state-version`.
+//! The canonical encoding of a scope's fence state, inside the shared frame
+//! of `frame.rs` with magic `"FS"`.
 //!
 //! Format 1 body, integers little-endian:
 //!
@@ -25,19 +14,24 @@
 //! distinct op-ids), so `encode(decode(bytes)) == bytes` for every accepted
 //! input and every runtime writes the same bytes.
 
-use crate::crc::crc32c;
+use crate::frame::{self, FORMAT_VERSION, FrameError, Reader, Writer};
 use crate::types::{
     CheckError, Corruption, MAX_OP_ID_BYTES, MAX_SCOPE_BYTES, StateInfo, Token, WindowEntry,
 };
 
-/// The format version this build writes (and the newest it reads).
-pub const FORMAT_VERSION: u8 = 1;
 /// How many op-ids applied under the highest token are remembered.
 pub const WINDOW_CAPACITY: usize = 32;
 
 const MAGIC: [u8; 2] = *b"FS";
-const HEADER_LEN: usize = 2 + 1 + 4;
-const CRC_LEN: usize = 4;
+
+impl From<FrameError> for CheckError {
+    fn from(e: FrameError) -> Self {
+        match e {
+            FrameError::Corrupt(c) => CheckError::CorruptState(c),
+            FrameError::Unsupported(v) => CheckError::UnsupportedStateVersion(v),
+        }
+    }
+}
 
 /// One op-id applied under the highest token, borrowed from stored bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -67,67 +61,29 @@ impl<'a> State<'a> {
             .iter()
             .map(|e| e.op_id.len().saturating_add(10))
             .sum();
-        let capacity = HEADER_LEN
-            .saturating_add(32 + 2 + 1 + CRC_LEN)
-            .saturating_add(self.scope.len())
-            .saturating_add(window_bytes);
-        let mut out = Vec::with_capacity(capacity);
-        out.extend_from_slice(&MAGIC);
-        out.push(FORMAT_VERSION);
-        out.extend_from_slice(&[0; 4]); // length, patched below
-        out.extend_from_slice(&self.highest.authority.to_le_bytes());
-        out.extend_from_slice(&self.highest.epoch.to_le_bytes());
-        out.extend_from_slice(&self.highest.counter.to_le_bytes());
-        out.extend_from_slice(&self.version.to_le_bytes());
-        out.extend_from_slice(&(self.scope.len() as u16).to_le_bytes());
-        out.extend_from_slice(self.scope.as_bytes());
-        out.push(self.window.len() as u8);
+        let mut w = Writer::new(
+            MAGIC,
+            window_bytes
+                .saturating_add(35)
+                .saturating_add(self.scope.len()),
+        );
+        w.u64(self.highest.authority);
+        w.u64(self.highest.epoch);
+        w.u64(self.highest.counter);
+        w.u64(self.version);
+        w.str(self.scope);
+        w.u8(self.window.len() as u8);
         for entry in &self.window {
-            out.extend_from_slice(&(entry.op_id.len() as u16).to_le_bytes());
-            out.extend_from_slice(entry.op_id.as_bytes());
-            out.extend_from_slice(&entry.version.to_le_bytes());
+            w.str(entry.op_id);
+            w.u64(entry.version);
         }
-        let total = (out.len().saturating_add(CRC_LEN)) as u32;
-        if let Some(len_field) = out.get_mut(3..7) {
-            len_field.copy_from_slice(&total.to_le_bytes());
-        }
-        let crc = crc32c(&out);
-        out.extend_from_slice(&crc.to_le_bytes());
-        out
+        w.finish()
     }
 
-    /// Decode and validate stored bytes; see the module docs for the order of
-    /// checks.
+    /// Decode and validate stored bytes (frame first, then the body).
     pub(crate) fn decode(bytes: &'a [u8]) -> Result<State<'a>, CheckError> {
-        let corrupt = CheckError::CorruptState;
-        if bytes.len() < HEADER_LEN.saturating_add(CRC_LEN) {
-            return Err(corrupt(Corruption::Truncated));
-        }
-        let mut frame = Reader(bytes);
-        let magic = frame.take(2).map_err(corrupt)?;
-        let format = frame.u8().map_err(corrupt)?;
-        let length = frame.u32().map_err(corrupt)?;
-        if usize::try_from(length).ok() != Some(bytes.len()) {
-            return Err(corrupt(Corruption::LengthMismatch));
-        }
-        let split = bytes.len().saturating_sub(CRC_LEN);
-        let (covered, stored_crc) = bytes
-            .split_at_checked(split)
-            .ok_or(corrupt(Corruption::Truncated))?;
-        if stored_crc != crc32c(covered).to_le_bytes() {
-            return Err(corrupt(Corruption::ChecksumMismatch));
-        }
-        if magic != MAGIC {
-            return Err(corrupt(Corruption::Malformed));
-        }
-        if format > FORMAT_VERSION {
-            return Err(CheckError::UnsupportedStateVersion(format));
-        }
-        if format != FORMAT_VERSION {
-            return Err(corrupt(Corruption::Malformed));
-        }
-        let body = covered.get(HEADER_LEN..).unwrap_or_default();
-        decode_body(body).map_err(corrupt)
+        let body = frame::open(bytes, MAGIC)?;
+        decode_body(body).map_err(CheckError::CorruptState)
     }
 
     pub(crate) fn info(self) -> StateInfo {
@@ -153,14 +109,14 @@ fn decode_body(body: &[u8]) -> Result<State<'_>, Corruption> {
     let mut r = Reader(body);
     let highest = Token::new(r.u64()?, r.u64()?, r.u64()?);
     let version = r.u64()?;
-    let scope = r.string(1, MAX_SCOPE_BYTES)?;
+    let scope = r.str(1, MAX_SCOPE_BYTES)?;
     let count = usize::from(r.u8()?);
     if highest.is_missing() || version == 0 || count > WINDOW_CAPACITY {
         return Err(Corruption::Malformed);
     }
     let mut window: Vec<Entry<'_>> = Vec::with_capacity(count);
     for _ in 0..count {
-        let op_id = r.string(1, MAX_OP_ID_BYTES)?;
+        let op_id = r.str(1, MAX_OP_ID_BYTES)?;
         let entry_version = r.u64()?;
         let increasing = window
             .last()
@@ -174,52 +130,13 @@ fn decode_body(body: &[u8]) -> Result<State<'_>, Corruption> {
             version: entry_version,
         });
     }
-    if !r.0.is_empty() {
-        return Err(Corruption::Malformed);
-    }
+    r.end()?;
     Ok(State {
         scope,
         highest,
         version,
         window,
     })
-}
-
-/// A cursor that never panics: every read past the end is `Malformed`.
-struct Reader<'a>(&'a [u8]);
-
-impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8], Corruption> {
-        let (head, rest) = self.0.split_at_checked(n).ok_or(Corruption::Malformed)?;
-        self.0 = rest;
-        Ok(head)
-    }
-
-    fn array<const N: usize>(&mut self) -> Result<[u8; N], Corruption> {
-        self.take(N)?.try_into().map_err(|_| Corruption::Malformed)
-    }
-
-    fn u8(&mut self) -> Result<u8, Corruption> {
-        Ok(u8::from_le_bytes(self.array()?))
-    }
-
-    fn u32(&mut self) -> Result<u32, Corruption> {
-        Ok(u32::from_le_bytes(self.array()?))
-    }
-
-    fn u64(&mut self) -> Result<u64, Corruption> {
-        Ok(u64::from_le_bytes(self.array()?))
-    }
-
-    /// A u16-length-prefixed UTF-8 string of `min..=max` bytes.
-    fn string(&mut self, min: usize, max: usize) -> Result<&'a str, Corruption> {
-        let len = usize::from(u16::from_le_bytes(self.array()?));
-        if len < min || len > max {
-            return Err(Corruption::Malformed);
-        }
-        let raw = self.take(len)?;
-        core::str::from_utf8(raw).map_err(|_| Corruption::Malformed)
-    }
 }
 
 /// Decode a stored state into a readable record (for tools and metrics).
@@ -302,7 +219,7 @@ mod tests {
         let mut bytes = sample().encode();
         bytes[2] = FORMAT_VERSION + 1;
         let split = bytes.len() - 4;
-        let crc = crc32c(&bytes[..split]).to_le_bytes();
+        let crc = crate::crc::crc32c(&bytes[..split]).to_le_bytes();
         bytes[split..].copy_from_slice(&crc);
         assert_eq!(
             State::decode(&bytes),

@@ -53,8 +53,10 @@ pub mod vectors;
 
 pub use error::Error;
 pub use fencecheck_guest::{
-    CheckError, Corruption, Decision, FORMAT_VERSION, InvalidReason, MAX_OP_ID_BYTES,
-    MAX_SCOPE_BYTES, Policy, Request, StateInfo, Token, WINDOW_CAPACITY, WindowEntry,
+    Acquire, AcquireRequest, CheckError, Corruption, Decision, FORMAT_VERSION, Holder,
+    InvalidReason, LeaseError, LeaseInfo, LeaseInvalidReason, MAX_LEASE_ID_BYTES, MAX_LOCK_BYTES,
+    MAX_OP_ID_BYTES, MAX_SCOPE_BYTES, Policy, Release, ReleaseRequest, Renew, RenewRequest,
+    Request, StateInfo, Token, WINDOW_CAPACITY, WindowEntry,
 };
 pub use runtime::{COMPONENT, Checker, Instance, Limits, Native, Runtime};
 pub use text::{TokenText, TokenTextError};

@@ -8,6 +8,10 @@ use wasmtime::component::{Component, Linker};
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store};
 use wasmtime::{ResourceLimiter, StoreLimits, StoreLimitsBuilder};
 
+use crate::{
+    Acquire, AcquireRequest, Holder, LeaseError, LeaseInfo, LeaseInvalidReason, Release,
+    ReleaseRequest, Renew, RenewRequest,
+};
 use crate::{CheckError, Decision, Policy};
 use crate::{Error, Outcome, Request, StateInfo, Token};
 
@@ -22,6 +26,7 @@ mod wit {
 }
 
 use wit::exports::fencecheck::fence::check as abi;
+use wit::exports::fencecheck::fence::lease as lease_abi;
 use wit::exports::fencecheck::fence::types::Token as AbiToken;
 
 /// The component built from `guest/` by this crate's build script.
@@ -200,6 +205,36 @@ pub trait Checker {
     /// Decode a stored state.
     fn inspect(&mut self, state: &[u8]) -> Result<Result<StateInfo, CheckError>, Error>;
 
+    /// Lease authority: acquire a lock (see `wit/fence.wit`, interface `lease`).
+    fn acquire(
+        &mut self,
+        state: Option<&[u8]>,
+        request: &AcquireRequest,
+    ) -> Result<Result<Acquire, LeaseError>, Error>;
+
+    /// Lease authority: renew the exact current lease.
+    fn renew(
+        &mut self,
+        state: Option<&[u8]>,
+        request: &RenewRequest,
+    ) -> Result<Result<Renew, LeaseError>, Error>;
+
+    /// Lease authority: release the exact current lease.
+    fn release(
+        &mut self,
+        state: Option<&[u8]>,
+        request: &ReleaseRequest,
+    ) -> Result<Result<Release, LeaseError>, Error>;
+
+    /// Lease authority: start the lock's next epoch; returns it and the new state.
+    fn restore(
+        &mut self,
+        state: Option<&[u8]>,
+    ) -> Result<Result<(u64, Vec<u8>), LeaseError>, Error>;
+
+    /// Decode a stored lease state.
+    fn inspect_lease(&mut self, state: &[u8]) -> Result<Result<LeaseInfo, LeaseError>, Error>;
+
     /// A short name for reports (`wasm`, `native`).
     fn runtime_name(&self) -> &'static str;
 }
@@ -225,6 +260,41 @@ impl Checker for Native {
 
     fn inspect(&mut self, state: &[u8]) -> Result<Result<StateInfo, CheckError>, Error> {
         Ok(fencecheck_guest::inspect(state))
+    }
+
+    fn acquire(
+        &mut self,
+        state: Option<&[u8]>,
+        request: &AcquireRequest,
+    ) -> Result<Result<Acquire, LeaseError>, Error> {
+        Ok(fencecheck_guest::acquire(state, request))
+    }
+
+    fn renew(
+        &mut self,
+        state: Option<&[u8]>,
+        request: &RenewRequest,
+    ) -> Result<Result<Renew, LeaseError>, Error> {
+        Ok(fencecheck_guest::renew(state, request))
+    }
+
+    fn release(
+        &mut self,
+        state: Option<&[u8]>,
+        request: &ReleaseRequest,
+    ) -> Result<Result<Release, LeaseError>, Error> {
+        Ok(fencecheck_guest::release(state, request))
+    }
+
+    fn restore(
+        &mut self,
+        state: Option<&[u8]>,
+    ) -> Result<Result<(u64, Vec<u8>), LeaseError>, Error> {
+        Ok(fencecheck_guest::restore(state))
+    }
+
+    fn inspect_lease(&mut self, state: &[u8]) -> Result<Result<LeaseInfo, LeaseError>, Error> {
+        Ok(fencecheck_guest::inspect_lease(state))
     }
 
     fn runtime_name(&self) -> &'static str {
@@ -317,6 +387,142 @@ impl Instance {
         Ok(result.map(info_in).map_err(error_in))
     }
 
+    /// Acquire a lock; see [`Checker::acquire`].
+    pub fn acquire(
+        &mut self,
+        state: Option<&[u8]>,
+        request: &AcquireRequest,
+    ) -> Result<Result<Acquire, LeaseError>, Error> {
+        const CALL: &str = "acquire";
+        let bytes = state
+            .map_or(0, <[u8]>::len)
+            .saturating_add(request.lock.len())
+            .saturating_add(request.lease_id.len());
+        self.bound(CALL, bytes)?;
+        let abi_request = lease_abi::AcquireRequest {
+            lock: &request.lock,
+            lease_id: &request.lease_id,
+            authority: request.authority,
+            epoch_floor: request.epoch_floor,
+            now: request.now,
+            ttl: request.ttl,
+        };
+        let fuel = self.runtime.shared.limits.fuel_per_check;
+        let result = self.call(CALL, fuel, |b, store| {
+            b.fencecheck_fence_lease()
+                .call_acquire(store, state, abi_request)
+        })?;
+        Ok(match result {
+            Ok(lease_abi::AcquireOutcome::Acquired(a)) => Ok(Acquire::Acquired {
+                token: token_in(a.token),
+                expires_at: a.expires_at,
+                state: a.state,
+            }),
+            Ok(lease_abi::AcquireOutcome::Busy(b)) => Ok(Acquire::Busy {
+                holder: b.holder,
+                expires_at: b.expires_at,
+            }),
+            Err(e) => Err(lease_error_in(e)),
+        })
+    }
+
+    /// Renew the exact current lease; see [`Checker::renew`].
+    pub fn renew(
+        &mut self,
+        state: Option<&[u8]>,
+        request: &RenewRequest,
+    ) -> Result<Result<Renew, LeaseError>, Error> {
+        const CALL: &str = "renew";
+        let bytes = state
+            .map_or(0, <[u8]>::len)
+            .saturating_add(request.lease_id.len());
+        self.bound(CALL, bytes)?;
+        let abi_request = lease_abi::RenewRequest {
+            lease_id: &request.lease_id,
+            token: token_out(request.token),
+            now: request.now,
+            ttl: request.ttl,
+        };
+        let fuel = self.runtime.shared.limits.fuel_per_check;
+        let result = self.call(CALL, fuel, |b, store| {
+            b.fencecheck_fence_lease()
+                .call_renew(store, state, abi_request)
+        })?;
+        Ok(match result {
+            Ok(lease_abi::RenewOutcome::Renewed(r)) => Ok(Renew::Renewed {
+                expires_at: r.expires_at,
+                state: r.state,
+            }),
+            Ok(lease_abi::RenewOutcome::Lost) => Ok(Renew::Lost),
+            Err(e) => Err(lease_error_in(e)),
+        })
+    }
+
+    /// Release the exact current lease; see [`Checker::release`].
+    pub fn release(
+        &mut self,
+        state: Option<&[u8]>,
+        request: &ReleaseRequest,
+    ) -> Result<Result<Release, LeaseError>, Error> {
+        const CALL: &str = "release";
+        let bytes = state
+            .map_or(0, <[u8]>::len)
+            .saturating_add(request.lease_id.len());
+        self.bound(CALL, bytes)?;
+        let abi_request = lease_abi::ReleaseRequest {
+            lease_id: &request.lease_id,
+            token: token_out(request.token),
+        };
+        let fuel = self.runtime.shared.limits.fuel_per_check;
+        let result = self.call(CALL, fuel, |b, store| {
+            b.fencecheck_fence_lease()
+                .call_release(store, state, abi_request)
+        })?;
+        Ok(match result {
+            Ok(lease_abi::ReleaseOutcome::Released(state)) => Ok(Release::Released { state }),
+            Ok(lease_abi::ReleaseOutcome::NotOwner) => Ok(Release::NotOwner),
+            Err(e) => Err(lease_error_in(e)),
+        })
+    }
+
+    /// Start the lock's next epoch; see [`Checker::restore`].
+    pub fn restore(
+        &mut self,
+        state: Option<&[u8]>,
+    ) -> Result<Result<(u64, Vec<u8>), LeaseError>, Error> {
+        const CALL: &str = "restore";
+        self.bound(CALL, state.map_or(0, <[u8]>::len))?;
+        let fuel = self.runtime.shared.limits.fuel_per_check;
+        let result = self.call(CALL, fuel, |b, store| {
+            b.fencecheck_fence_lease().call_restore(store, state)
+        })?;
+        Ok(result.map(|r| (r.epoch, r.state)).map_err(lease_error_in))
+    }
+
+    /// Decode a stored lease state; see [`Checker::inspect_lease`].
+    pub fn inspect_lease(&mut self, state: &[u8]) -> Result<Result<LeaseInfo, LeaseError>, Error> {
+        const CALL: &str = "lease.inspect";
+        self.bound(CALL, state.len())?;
+        let fuel = self.runtime.shared.limits.fuel_per_check;
+        let result = self.call(CALL, fuel, |b, store| {
+            b.fencecheck_fence_lease().call_inspect(store, state)
+        })?;
+        Ok(result
+            .map(|i| LeaseInfo {
+                format_version: i.format_version,
+                lock: i.lock,
+                authority: i.authority,
+                epoch: i.epoch,
+                counter: i.counter,
+                holder: i.holder.map(|h| Holder {
+                    lease_id: h.lease_id,
+                    token: token_in(h.token),
+                    expires_at: h.expires_at,
+                }),
+            })
+            .map_err(lease_error_in))
+    }
+
     fn bound(&self, call: &'static str, bytes: usize) -> Result<(), Error> {
         let limit = self.runtime.shared.limits.call_bytes;
         if bytes > limit {
@@ -362,6 +568,41 @@ impl Checker for Instance {
 
     fn inspect(&mut self, state: &[u8]) -> Result<Result<StateInfo, CheckError>, Error> {
         Instance::inspect(self, state)
+    }
+
+    fn acquire(
+        &mut self,
+        state: Option<&[u8]>,
+        request: &AcquireRequest,
+    ) -> Result<Result<Acquire, LeaseError>, Error> {
+        Instance::acquire(self, state, request)
+    }
+
+    fn renew(
+        &mut self,
+        state: Option<&[u8]>,
+        request: &RenewRequest,
+    ) -> Result<Result<Renew, LeaseError>, Error> {
+        Instance::renew(self, state, request)
+    }
+
+    fn release(
+        &mut self,
+        state: Option<&[u8]>,
+        request: &ReleaseRequest,
+    ) -> Result<Result<Release, LeaseError>, Error> {
+        Instance::release(self, state, request)
+    }
+
+    fn restore(
+        &mut self,
+        state: Option<&[u8]>,
+    ) -> Result<Result<(u64, Vec<u8>), LeaseError>, Error> {
+        Instance::restore(self, state)
+    }
+
+    fn inspect_lease(&mut self, state: &[u8]) -> Result<Result<LeaseInfo, LeaseError>, Error> {
+        Instance::inspect_lease(self, state)
     }
 
     fn runtime_name(&self) -> &'static str {
@@ -422,7 +663,7 @@ fn outcome_in(r: Result<abi::Decision, abi::CheckError>) -> Outcome {
 }
 
 fn error_in(e: abi::CheckError) -> CheckError {
-    use crate::{Corruption, InvalidReason};
+    use crate::InvalidReason;
     match e {
         abi::CheckError::InvalidRequest(reason) => CheckError::InvalidRequest(match reason {
             abi::InvalidReason::MissingToken => InvalidReason::MissingToken,
@@ -432,12 +673,7 @@ fn error_in(e: abi::CheckError) -> CheckError {
             abi::InvalidReason::OpIdTooLong => InvalidReason::OpIdTooLong,
             abi::InvalidReason::EqualTokenUnguarded => InvalidReason::EqualTokenUnguarded,
         }),
-        abi::CheckError::CorruptState(c) => CheckError::CorruptState(match c {
-            abi::Corruption::Truncated => Corruption::Truncated,
-            abi::Corruption::LengthMismatch => Corruption::LengthMismatch,
-            abi::Corruption::ChecksumMismatch => Corruption::ChecksumMismatch,
-            abi::Corruption::Malformed => Corruption::Malformed,
-        }),
+        abi::CheckError::CorruptState(c) => CheckError::CorruptState(corruption_in(c)),
         abi::CheckError::UnsupportedStateVersion(v) => CheckError::UnsupportedStateVersion(v),
         abi::CheckError::ScopeMismatch(s) => CheckError::ScopeMismatch(s),
         abi::CheckError::ForeignAuthority(f) => CheckError::ForeignAuthority {
@@ -445,6 +681,40 @@ fn error_in(e: abi::CheckError) -> CheckError {
             presented: f.presented,
         },
         abi::CheckError::Exhausted => CheckError::Exhausted,
+    }
+}
+
+fn corruption_in(c: abi::Corruption) -> crate::Corruption {
+    use crate::Corruption;
+    match c {
+        abi::Corruption::Truncated => Corruption::Truncated,
+        abi::Corruption::LengthMismatch => Corruption::LengthMismatch,
+        abi::Corruption::ChecksumMismatch => Corruption::ChecksumMismatch,
+        abi::Corruption::Malformed => Corruption::Malformed,
+    }
+}
+
+fn lease_error_in(e: lease_abi::LeaseError) -> LeaseError {
+    use lease_abi::LeaseInvalidReason as R;
+    match e {
+        lease_abi::LeaseError::InvalidRequest(reason) => LeaseError::InvalidRequest(match reason {
+            R::EmptyLock => LeaseInvalidReason::EmptyLock,
+            R::LockTooLong => LeaseInvalidReason::LockTooLong,
+            R::EmptyLeaseId => LeaseInvalidReason::EmptyLeaseId,
+            R::LeaseIdTooLong => LeaseInvalidReason::LeaseIdTooLong,
+            R::ZeroTtl => LeaseInvalidReason::ZeroTtl,
+            R::ExpiryOverflow => LeaseInvalidReason::ExpiryOverflow,
+            R::MissingToken => LeaseInvalidReason::MissingToken,
+            R::NoState => LeaseInvalidReason::NoState,
+        }),
+        lease_abi::LeaseError::CorruptState(c) => LeaseError::CorruptState(corruption_in(c)),
+        lease_abi::LeaseError::UnsupportedStateVersion(v) => LeaseError::UnsupportedStateVersion(v),
+        lease_abi::LeaseError::LockMismatch(lock) => LeaseError::LockMismatch(lock),
+        lease_abi::LeaseError::ForeignAuthority(f) => LeaseError::ForeignAuthority {
+            stored: f.stored,
+            presented: f.presented,
+        },
+        lease_abi::LeaseError::Exhausted => LeaseError::Exhausted,
     }
 }
 

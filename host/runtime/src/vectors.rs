@@ -3,19 +3,23 @@
 //! A vector file is JSON: `{"name": …, "steps": [ … ]}`. Check steps thread one
 //! stored state (a single slot per file) through the file; only `applied`
 //! replaces it. `damage` steps alter the stored bytes. Lease steps (`acquire`,
-//! `renew`, `release`, `restore`) keep their own slot; this runner does not
-//! implement them yet and reports each as a failing step rather than skipping it.
+//! `renew`, `release`, `restore`) thread their own slot, replaced by every
+//! outcome that carries a state (`acquired`, `renewed`, `released`, `restored`).
 //!
-//! Extension to DESIGN.md (documented in `tests/vectors/README.md`): `expect`
+//! Extensions to DESIGN.md (documented in `tests/vectors/README.md`): `expect`
 //! may name a `reason` for `invalid-request` and `corrupt-state` errors (the
-//! WIT `invalid-reason` / `corruption` case, kebab-case).
+//! WIT reason / `corruption` case, kebab-case) and an `epoch` for `restored`;
+//! `damage` may name `"state": "lease"` to damage the lease slot (default:
+//! the fence slot); `acquire` may carry `authority` and `epoch_floor`, and
+//! `renew`/`release` tokens an `authority` (all default 0).
 
 use std::path::Path;
 
 use serde::Deserialize;
 
+use crate::{Acquire, AcquireRequest, LeaseError, LeaseInvalidReason, Release, ReleaseRequest};
 use crate::{CheckError, Checker, Corruption, Decision, Error, InvalidReason, Outcome, Policy};
-use crate::{Request, Token};
+use crate::{Renew, RenewRequest, Request, Token};
 
 /// A parsed vector file.
 #[derive(Clone, Debug, Deserialize)]
@@ -49,18 +53,21 @@ pub struct Step {
     /// For `append` and `replace`: the bytes, in hex.
     #[serde(default)]
     pub hex: Option<String>,
-    /// Lease step (not implemented by this runner yet).
+    /// For damage: which slot, `fence` (default) or `lease`.
     #[serde(default)]
-    pub acquire: Option<serde_json::Value>,
-    /// Lease step (not implemented by this runner yet).
+    pub state: Option<String>,
+    /// Lease: acquire a lock.
     #[serde(default)]
-    pub renew: Option<serde_json::Value>,
-    /// Lease step (not implemented by this runner yet).
+    pub acquire: Option<AcquireStep>,
+    /// Lease: renew the current lease.
     #[serde(default)]
-    pub release: Option<serde_json::Value>,
-    /// Lease step (not implemented by this runner yet).
+    pub renew: Option<RenewStep>,
+    /// Lease: release the current lease.
     #[serde(default)]
-    pub restore: Option<serde_json::Value>,
+    pub release: Option<ReleaseStep>,
+    /// Lease: start the next epoch (`{}`).
+    #[serde(default)]
+    pub restore: Option<RestoreStep>,
     /// What the step must produce.
     #[serde(default)]
     pub expect: Option<Expect>,
@@ -101,6 +108,61 @@ impl CheckStep {
     }
 }
 
+/// An `acquire` step.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AcquireStep {
+    /// The lock.
+    pub lock: String,
+    /// The lease id.
+    pub lease_id: String,
+    /// Coordinator time (ms).
+    pub now: u64,
+    /// Lease length (ms).
+    pub ttl: u64,
+    /// Grant authority (default 0).
+    #[serde(default)]
+    pub authority: u64,
+    /// Lowest epoch for a new grant (default 0).
+    #[serde(default)]
+    pub epoch_floor: u64,
+}
+
+/// A `renew` step.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RenewStep {
+    /// The lease id.
+    pub lease_id: String,
+    /// `[epoch, counter]`.
+    pub token: [u64; 2],
+    /// The token's authority (default 0).
+    #[serde(default)]
+    pub authority: u64,
+    /// Coordinator time (ms).
+    pub now: u64,
+    /// New lease length (ms).
+    pub ttl: u64,
+}
+
+/// A `release` step.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReleaseStep {
+    /// The lease id.
+    pub lease_id: String,
+    /// `[epoch, counter]`.
+    pub token: [u64; 2],
+    /// The token's authority (default 0).
+    #[serde(default)]
+    pub authority: u64,
+}
+
+/// A `restore` step (no fields).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RestoreStep {}
+
 /// What a step must produce; only the named fields are compared.
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -128,24 +190,44 @@ pub struct Expect {
     /// `error` (extension): the `invalid-reason` or `corruption` case.
     #[serde(default)]
     pub reason: Option<String>,
-    /// Lease expectations (not interpreted yet).
+    /// `acquired`: the granted token `[epoch, counter]`.
     #[serde(default)]
-    pub token: Option<serde_json::Value>,
-    /// Lease expectations (not interpreted yet).
+    pub token: Option<[u64; 2]>,
+    /// `acquired`, `busy`, `renewed`: the lease's end.
     #[serde(default)]
-    pub expires_at: Option<serde_json::Value>,
-    /// Lease expectations (not interpreted yet).
+    pub expires_at: Option<u64>,
+    /// `busy`: the holder's lease id.
     #[serde(default)]
-    pub holder: Option<serde_json::Value>,
+    pub holder: Option<String>,
+    /// `restored` (extension): the new epoch.
+    #[serde(default)]
+    pub epoch: Option<u64>,
+}
+
+/// A lease step's outcome, whichever function it called.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LeaseOutcome {
+    /// From `acquire`.
+    Acquire(Result<Acquire, LeaseError>),
+    /// From `renew`.
+    Renew(Result<Renew, LeaseError>),
+    /// From `release`.
+    Release(Result<Release, LeaseError>),
+    /// From `restore`: the new epoch and state.
+    Restore(Result<(u64, Vec<u8>), LeaseError>),
 }
 
 /// What one step did, for comparing runtimes against each other.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StepRecord {
-    /// The check's outcome (`None` for damage and lease steps).
+    /// A check step's outcome.
     pub outcome: Option<Outcome>,
-    /// The stored state after the step.
+    /// A lease step's outcome.
+    pub lease: Option<LeaseOutcome>,
+    /// The fence slot after the step.
     pub state: Option<Vec<u8>>,
+    /// The lease slot after the step.
+    pub lease_state: Option<Vec<u8>>,
 }
 
 /// The result of running one file.
@@ -179,17 +261,19 @@ pub fn parse(text: &str) -> Result<VectorFile, String> {
 /// guest) end the file with a failure line; they are never treated as outcomes.
 pub fn run(file: &VectorFile, checker: &mut dyn Checker) -> FileReport {
     let mut report = FileReport::default();
-    let mut state: Option<Vec<u8>> = None;
+    let mut slots = Slots::default();
     for (index, step) in file.steps.iter().enumerate() {
         let n = index + 1;
-        match run_step(step, &mut state, checker) {
-            Ok((outcome, problem)) => {
+        match run_step(step, &mut slots, checker) {
+            Ok((outcome, lease, problem)) => {
                 if let Some(problem) = problem {
                     report.failures.push(format!("step {n}: {problem}"));
                 }
                 report.records.push(StepRecord {
                     outcome,
-                    state: state.clone(),
+                    lease,
+                    state: slots.fence.clone(),
+                    lease_state: slots.lease.clone(),
                 });
             }
             Err(e) => {
@@ -201,11 +285,18 @@ pub fn run(file: &VectorFile, checker: &mut dyn Checker) -> FileReport {
     report
 }
 
-type StepResult = (Option<Outcome>, Option<String>);
+/// The two stored-state slots a file threads through its steps.
+#[derive(Default)]
+struct Slots {
+    fence: Option<Vec<u8>>,
+    lease: Option<Vec<u8>>,
+}
+
+type StepResult = (Option<Outcome>, Option<LeaseOutcome>, Option<String>);
 
 fn run_step(
     step: &Step,
-    state: &mut Option<Vec<u8>>,
+    slots: &mut Slots,
     checker: &mut dyn Checker,
 ) -> Result<StepResult, Error> {
     let actions = [
@@ -217,26 +308,176 @@ fn run_step(
         step.restore.is_some(),
     ];
     if actions.iter().filter(|a| **a).count() != 1 {
-        return Ok((None, Some("a step needs exactly one action".into())));
+        return Ok((None, None, Some("a step needs exactly one action".into())));
     }
     if let Some(kind) = &step.damage {
-        return Ok((None, damage(state, kind, step).err()));
+        let slot = match step.state.as_deref() {
+            None | Some("fence") => &mut slots.fence,
+            Some("lease") => &mut slots.lease,
+            Some(other) => {
+                return Ok((None, None, Some(format!("unknown state slot {other:?}"))));
+            }
+        };
+        return Ok((None, None, damage(slot, kind, step).err()));
     }
-    let Some(check) = &step.check else {
-        return Ok((
-            None,
-            Some("lease steps are not implemented by this runner yet".into()),
-        ));
+    let Some(expect) = &step.expect else {
+        return Ok((None, None, Some("step without `expect`".into())));
     };
-    let outcome = checker.check(state.as_deref(), &check.request())?;
-    let problem = match &step.expect {
-        None => Some("check step without `expect`".into()),
-        Some(expect) => compare(expect, &outcome).err(),
-    };
-    if let Ok(Decision::Applied { state: next, .. }) = &outcome {
-        *state = Some(next.clone());
+    if let Some(check) = &step.check {
+        let outcome = checker.check(slots.fence.as_deref(), &check.request())?;
+        let problem = compare(expect, &outcome).err();
+        if let Ok(Decision::Applied { state: next, .. }) = &outcome {
+            slots.fence = Some(next.clone());
+        }
+        return Ok((Some(outcome), None, problem));
     }
-    Ok((Some(outcome), problem))
+    let current = slots.lease.as_deref();
+    let outcome = if let Some(a) = &step.acquire {
+        LeaseOutcome::Acquire(checker.acquire(
+            current,
+            &AcquireRequest {
+                lock: a.lock.clone(),
+                lease_id: a.lease_id.clone(),
+                authority: a.authority,
+                epoch_floor: a.epoch_floor,
+                now: a.now,
+                ttl: a.ttl,
+            },
+        )?)
+    } else if let Some(r) = &step.renew {
+        LeaseOutcome::Renew(checker.renew(
+            current,
+            &RenewRequest {
+                lease_id: r.lease_id.clone(),
+                token: Token::new(r.authority, r.token[0], r.token[1]),
+                now: r.now,
+                ttl: r.ttl,
+            },
+        )?)
+    } else if let Some(r) = &step.release {
+        LeaseOutcome::Release(checker.release(
+            current,
+            &ReleaseRequest {
+                lease_id: r.lease_id.clone(),
+                token: Token::new(r.authority, r.token[0], r.token[1]),
+            },
+        )?)
+    } else {
+        LeaseOutcome::Restore(checker.restore(current)?)
+    };
+    let problem = compare_lease(expect, &outcome).err();
+    if let Some(next) = lease_state(&outcome) {
+        slots.lease = Some(next.to_vec());
+    }
+    Ok((None, Some(outcome), problem))
+}
+
+/// The new lease state an outcome carries, if it changes the lock.
+pub fn lease_state(outcome: &LeaseOutcome) -> Option<&[u8]> {
+    match outcome {
+        LeaseOutcome::Acquire(Ok(Acquire::Acquired { state, .. }))
+        | LeaseOutcome::Renew(Ok(Renew::Renewed { state, .. }))
+        | LeaseOutcome::Release(Ok(Release::Released { state }))
+        | LeaseOutcome::Restore(Ok((_, state))) => Some(state),
+        _ => None,
+    }
+}
+
+/// Compare a lease outcome with the fields `expect` names.
+pub fn compare_lease(expect: &Expect, outcome: &LeaseOutcome) -> Result<(), String> {
+    let error = match outcome {
+        LeaseOutcome::Acquire(Err(e))
+        | LeaseOutcome::Renew(Err(e))
+        | LeaseOutcome::Release(Err(e))
+        | LeaseOutcome::Restore(Err(e)) => Some(e),
+        _ => None,
+    };
+    let got = describe_lease(outcome);
+    let name = got.split(' ').next().unwrap_or_default();
+    if expect.outcome != name {
+        return Err(format!("expected {}, got {got}", expect.outcome));
+    }
+    if let Some(e) = error {
+        field("error", expect.error.as_deref(), e.name())?;
+        return field(
+            "reason",
+            expect.reason.as_deref(),
+            lease_reason(e).unwrap_or("none"),
+        );
+    }
+    match outcome {
+        LeaseOutcome::Acquire(Ok(Acquire::Acquired {
+            token, expires_at, ..
+        })) => {
+            field("token", expect.token, pair(*token))?;
+            field("expires_at", expect.expires_at, *expires_at)
+        }
+        LeaseOutcome::Acquire(Ok(Acquire::Busy { holder, expires_at })) => {
+            field("holder", expect.holder.as_deref(), holder.as_str())?;
+            field("expires_at", expect.expires_at, *expires_at)
+        }
+        LeaseOutcome::Renew(Ok(Renew::Renewed { expires_at, .. })) => {
+            field("expires_at", expect.expires_at, *expires_at)
+        }
+        LeaseOutcome::Restore(Ok((epoch, _))) => field("epoch", expect.epoch, *epoch),
+        _ => Ok(()),
+    }
+}
+
+/// The kebab-case sub-case of a lease error, if it has one.
+pub fn lease_reason(e: &LeaseError) -> Option<&'static str> {
+    Some(match e {
+        LeaseError::InvalidRequest(r) => match r {
+            LeaseInvalidReason::EmptyLock => "empty-lock",
+            LeaseInvalidReason::LockTooLong => "lock-too-long",
+            LeaseInvalidReason::EmptyLeaseId => "empty-lease-id",
+            LeaseInvalidReason::LeaseIdTooLong => "lease-id-too-long",
+            LeaseInvalidReason::ZeroTtl => "zero-ttl",
+            LeaseInvalidReason::ExpiryOverflow => "expiry-overflow",
+            LeaseInvalidReason::MissingToken => "missing-token",
+            LeaseInvalidReason::NoState => "no-state",
+        },
+        LeaseError::CorruptState(c) => corruption_name(*c),
+        _ => return None,
+    })
+}
+
+/// A one-line description of a lease outcome, starting with its name.
+pub fn describe_lease(outcome: &LeaseOutcome) -> String {
+    match outcome {
+        LeaseOutcome::Acquire(Ok(Acquire::Acquired {
+            token, expires_at, ..
+        })) => format!(
+            "acquired (token {:?}, expires_at {expires_at})",
+            pair(*token)
+        ),
+        LeaseOutcome::Acquire(Ok(Acquire::Busy { holder, expires_at })) => {
+            format!("busy (holder {holder:?}, expires_at {expires_at})")
+        }
+        LeaseOutcome::Renew(Ok(Renew::Renewed { expires_at, .. })) => {
+            format!("renewed (expires_at {expires_at})")
+        }
+        LeaseOutcome::Renew(Ok(Renew::Lost)) => "lost".into(),
+        LeaseOutcome::Release(Ok(Release::Released { .. })) => "released".into(),
+        LeaseOutcome::Release(Ok(Release::NotOwner)) => "not-owner".into(),
+        LeaseOutcome::Restore(Ok((epoch, _))) => format!("restored (epoch {epoch})"),
+        LeaseOutcome::Acquire(Err(e))
+        | LeaseOutcome::Renew(Err(e))
+        | LeaseOutcome::Release(Err(e))
+        | LeaseOutcome::Restore(Err(e)) => match lease_reason(e) {
+            Some(r) => format!("error {} ({r})", e.name()),
+            None => format!("error {}", e.name()),
+        },
+    }
+}
+
+fn corruption_name(c: Corruption) -> &'static str {
+    match c {
+        Corruption::Truncated => "truncated",
+        Corruption::LengthMismatch => "length-mismatch",
+        Corruption::ChecksumMismatch => "checksum-mismatch",
+        Corruption::Malformed => "malformed",
+    }
 }
 
 fn damage(state: &mut Option<Vec<u8>>, kind: &str, step: &Step) -> Result<(), String> {
@@ -342,12 +583,7 @@ pub fn reason(e: &CheckError) -> Option<&'static str> {
             InvalidReason::OpIdTooLong => "op-id-too-long",
             InvalidReason::EqualTokenUnguarded => "equal-token-unguarded",
         },
-        CheckError::CorruptState(c) => match c {
-            Corruption::Truncated => "truncated",
-            Corruption::LengthMismatch => "length-mismatch",
-            Corruption::ChecksumMismatch => "checksum-mismatch",
-            Corruption::Malformed => "malformed",
-        },
+        CheckError::CorruptState(c) => corruption_name(*c),
         _ => return None,
     })
 }
