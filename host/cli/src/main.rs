@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use fencecheck::{Checker, Limits, Native, Runtime};
 
 mod demo;
+mod trace;
 
 #[derive(Parser)]
 #[command(
@@ -46,6 +47,15 @@ enum Command {
         /// Output file.
         #[arg(short, long)]
         out: PathBuf,
+    },
+    /// Run an agreement sequence (tests/agreement/README.md); one canonical
+    /// line per step, compared across runtimes by scripts/test.d.
+    Trace {
+        /// Which implementation decides.
+        #[arg(long, value_enum, default_value_t = RuntimeKind::Wasm)]
+        runtime: RuntimeKind,
+        /// The sequence file (JSON lines).
+        file: PathBuf,
     },
     /// Print a stored fence state (hex) as JSON.
     Inspect {
@@ -92,6 +102,17 @@ fn run() -> Result<ExitCode> {
                 RuntimeKind::Native => Box::new(Native),
             };
             Ok(vectors(checker.as_mut(), &files))
+        }
+        Command::Trace {
+            runtime: kind,
+            file,
+        } => {
+            let mut checker: Box<dyn Checker> = match kind {
+                RuntimeKind::Wasm => Box::new(runtime(cli.component.as_ref())?.instance()?),
+                RuntimeKind::Native => Box::new(Native),
+            };
+            trace::run(checker.as_mut(), &file)?;
+            Ok(ExitCode::SUCCESS)
         }
         Command::Component { out } => {
             // Validate before writing: a file that wasmtime refuses must not ship.
