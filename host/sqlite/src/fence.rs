@@ -1,0 +1,236 @@
+//! The fenced transaction: read state → check → mutation → store state, in
+//! one `BEGIN IMMEDIATE` transaction.
+
+use fencecheck::{CheckError, Checker, Decision, Request, Token};
+use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
+
+use crate::error::sql;
+use crate::{Error, ObjectId};
+
+/// What the fence accepted; handed to the mutation before it runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Accepted {
+    /// The scope's version once this write commits (count of applied writes).
+    pub version: u64,
+    /// The highest accepted token once this write commits.
+    pub highest: Token,
+}
+
+/// What a fenced write did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[must_use = "a rejected write changed nothing; the caller must look"]
+pub enum Fenced<T> {
+    /// The fence accepted the token; the mutation ran and the new state was
+    /// stored, committed together.
+    Applied {
+        /// The scope's version after this write.
+        version: u64,
+        /// The highest accepted token after this write.
+        highest: Token,
+        /// What the mutation returned.
+        value: T,
+    },
+    /// The fence refused; the mutation did not run and nothing changed.
+    Rejected(Rejection),
+}
+
+/// Why the fence refused a write. Every case is definitive for this request:
+/// retrying the same request gives the same answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Rejection {
+    /// The op-id was already applied under the highest token; carries the
+    /// version that original write produced.
+    Duplicate {
+        /// The version the original write produced.
+        version: u64,
+    },
+    /// A newer grant has written (or, under strict, this grant already did).
+    /// Stop; never retry under this grant.
+    StaleFence {
+        /// The token the request carried.
+        presented: Token,
+        /// The highest token the scope has accepted.
+        highest: Token,
+    },
+    /// The request's expected version is not the scope's.
+    VersionConflict {
+        /// The version the request expected.
+        expected: u64,
+        /// The scope's version.
+        actual: u64,
+    },
+    /// The request or the stored state is unusable (invalid request, corrupt
+    /// state, scope mismatch, foreign authority…).
+    Refused(CheckError),
+}
+
+impl Rejection {
+    /// The kebab-case name used across fencecheck (`stale-fence`,
+    /// `corrupt-state`…).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Rejection::Duplicate { .. } => "duplicate",
+            Rejection::StaleFence { .. } => "stale-fence",
+            Rejection::VersionConflict { .. } => "version-conflict",
+            Rejection::Refused(e) => e.name(),
+        }
+    }
+}
+
+impl<T> Fenced<T> {
+    /// `applied`, or the rejection's name.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Fenced::Applied { .. } => "applied",
+            Fenced::Rejected(r) => r.name(),
+        }
+    }
+
+    /// Whether the write was applied.
+    pub fn is_applied(&self) -> bool {
+        matches!(self, Fenced::Applied { .. })
+    }
+}
+
+/// How the new state is stored once the mutation has run.
+pub(crate) enum Store {
+    /// Only the fence state (and version) of the scope's row.
+    State,
+    /// The fence state and the catalog pointer in one statement, only if the
+    /// object is staged under the same scope.
+    Publish { object: ObjectId, at_ms: i64 },
+}
+
+const READ_STATE: &str = "SELECT fence_state FROM fencecheck_scopes WHERE scope = ?1";
+
+const STORE_STATE: &str = "
+INSERT INTO fencecheck_scopes (scope, fence_state, version) VALUES (?1, ?2, ?3)
+ON CONFLICT (scope) DO UPDATE
+   SET fence_state = excluded.fence_state,
+       version     = excluded.version";
+
+// One statement moves the pointer and stores the state, and only if the
+// object exists under this scope: the catalog can never point at nothing.
+const STORE_PUBLISH: &str = "
+INSERT INTO fencecheck_scopes (scope, fence_state, version, visible_object, published_at_ms)
+SELECT ?1, ?2, ?3, ?4, ?5
+ WHERE EXISTS (SELECT 1 FROM fencecheck_objects WHERE id = ?4 AND scope = ?1)
+ON CONFLICT (scope) DO UPDATE
+   SET fence_state     = excluded.fence_state,
+       version         = excluded.version,
+       visible_object  = excluded.visible_object,
+       published_at_ms = excluded.published_at_ms";
+
+/// Run `mutation` under the fence in one `BEGIN IMMEDIATE` transaction: read
+/// the scope's state, check `request`, and only on `applied` run the mutation
+/// and store the new state, then commit. On a rejection or any error the
+/// transaction rolls back and nothing changes.
+///
+/// The mutation receives the open transaction (do every write of the
+/// protected operation through it) and what the fence accepted. It must not
+/// end the transaction itself.
+pub fn fenced_write<C, T, E>(
+    conn: &mut Connection,
+    checker: &mut C,
+    request: &Request,
+    mutation: impl FnOnce(&Transaction<'_>, &Accepted) -> Result<T, E>,
+) -> Result<Fenced<T>, Error>
+where
+    C: Checker + ?Sized,
+    E: Into<Box<dyn std::error::Error + Send + Sync + 'static>>,
+{
+    run(conn, checker, request, Store::State, mutation)
+}
+
+/// The scope's stored fence state, or `None` if it never accepted a token.
+pub fn stored_state(conn: &Connection, scope: &str) -> Result<Option<Vec<u8>>, Error> {
+    conn.prepare_cached(READ_STATE)
+        .and_then(|mut s| s.query_row([scope], |r| r.get(0)).optional())
+        .map_err(sql("reading the fence state"))
+}
+
+pub(crate) fn run<C, T, E>(
+    conn: &mut Connection,
+    checker: &mut C,
+    request: &Request,
+    store: Store,
+    mutation: impl FnOnce(&Transaction<'_>, &Accepted) -> Result<T, E>,
+) -> Result<Fenced<T>, Error>
+where
+    C: Checker + ?Sized,
+    E: Into<Box<dyn std::error::Error + Send + Sync + 'static>>,
+{
+    // IMMEDIATE takes the write lock before the read, so no other writer can
+    // move the state between our read and our write (and WAL readers never
+    // see a half-done publish).
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(sql("beginning the fenced transaction"))?;
+    let stored = stored_state(&tx, &request.scope)?;
+    let (version, highest, state) = match checker.check(stored.as_deref(), request)? {
+        Ok(Decision::Applied {
+            version,
+            highest,
+            state,
+        }) => (version, highest, state),
+        // Dropping `tx` rolls back: a rejection changes nothing.
+        Ok(Decision::Duplicate { version }) => {
+            return Ok(Fenced::Rejected(Rejection::Duplicate { version }));
+        }
+        Ok(Decision::StaleFence { presented, highest }) => {
+            return Ok(Fenced::Rejected(Rejection::StaleFence {
+                presented,
+                highest,
+            }));
+        }
+        Ok(Decision::VersionConflict { expected, actual }) => {
+            return Ok(Fenced::Rejected(Rejection::VersionConflict {
+                expected,
+                actual,
+            }));
+        }
+        Err(e) => return Ok(Fenced::Rejected(Rejection::Refused(e))),
+    };
+    let stored_version = i64::try_from(version).map_err(|_| Error::Invalid {
+        what: "version",
+        why: format!("{version} does not fit a SQLite INTEGER"),
+    })?;
+    let accepted = Accepted { version, highest };
+    let value = mutation(&tx, &accepted).map_err(|e| Error::Mutation(e.into()))?;
+    if tx.is_autocommit() {
+        return Err(Error::TransactionEnded);
+    }
+    match store {
+        Store::State => {
+            tx.prepare_cached(STORE_STATE)
+                .and_then(|mut s| s.execute(params![request.scope, state, stored_version]))
+                .map_err(sql("storing the fence state"))?;
+        }
+        Store::Publish { object, at_ms } => {
+            let changed = tx
+                .prepare_cached(STORE_PUBLISH)
+                .and_then(|mut s| {
+                    s.execute(params![
+                        request.scope,
+                        state,
+                        stored_version,
+                        object.get(),
+                        at_ms
+                    ])
+                })
+                .map_err(sql("publishing the catalog pointer"))?;
+            if changed != 1 {
+                return Err(Error::UnknownObject {
+                    object,
+                    scope: request.scope.clone(),
+                });
+            }
+        }
+    }
+    tx.commit().map_err(sql("committing the fenced write"))?;
+    Ok(Fenced::Applied {
+        version,
+        highest,
+        value,
+    })
+}
