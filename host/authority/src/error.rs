@@ -1,0 +1,40 @@
+use fencecheck::LeaseError;
+
+/// Why a coordinator could not decide. Nothing has changed.
+///
+/// None of these is `busy`, `lost` or `not-owner`: those are outcomes.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum AuthorityError {
+    /// The SQLite store failed (locked past the busy timeout, I/O, …).
+    #[error("lease store (SQLite): {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    /// The etcd store failed or could not be reached.
+    #[error("lease store (etcd): {0}")]
+    Etcd(String),
+    /// The component could not run (trapped, refused to load).
+    #[error("fencecheck component: {0}")]
+    Guest(#[from] fencecheck::Error),
+    /// The component refused the request or the stored state (invalid input,
+    /// corrupt or foreign state, exhausted counter). Deterministic: retrying
+    /// the same request gives the same answer.
+    #[error("lease refused: {} ({error:?})", error.name())]
+    Refused {
+        /// The component's error.
+        error: LeaseError,
+    },
+    /// Compare-and-swap lost to concurrent coordinators too many times in a row.
+    #[error("gave up after {attempts} conflicting concurrent updates of lock {lock:?}")]
+    Contention {
+        /// The lock.
+        lock: String,
+        /// How many times the compare-and-swap failed.
+        attempts: u32,
+    },
+}
+
+impl From<LeaseError> for AuthorityError {
+    fn from(error: LeaseError) -> Self {
+        AuthorityError::Refused { error }
+    }
+}
