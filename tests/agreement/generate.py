@@ -50,7 +50,7 @@ def crafted_states(vectors: Path) -> list[tuple[str, str]]:
     for path in sorted(vectors.glob("*.json")):
         steps = json.loads(path.read_text(encoding="utf-8")).get("steps", [])
         for i, step in enumerate(steps):
-            if step.get("damage") == "replace" and step.get("hex"):
+            if step.get("damage") == "replace" and step.get("hex") and step.get("state", "fence") == "fence":
                 after = [s["check"]["scope"] for s in steps[i + 1 :] if "check" in s]
                 if after:
                     found.add((step["hex"], after[0]))

@@ -1,0 +1,64 @@
+"""fencecheck for Python: the fencing-token rule, run from the one WebAssembly
+component (wit/fence.wit) with wasmtime-py.
+
+Call ``Instance.check`` *inside* your own transaction: read the scope's state,
+check, and only on ``Applied`` perform the mutation and store ``Applied.state``,
+then commit. ``fencecheck.sqlite.fenced_write`` does exactly that for the
+standard library's ``sqlite3``. (PostgreSQL through psycopg is not provided
+yet: there is no PostgreSQL adapter in the project so far. The same shape
+applies: ``SELECT ... FOR UPDATE`` the state row, check, write, commit.)
+
+>>> import fencecheck as fc
+>>> guest = fc.Runtime().instance()
+>>> d = guest.check(None, fc.Request("report/july", fc.Token(0, 0, 41)))
+>>> d.version, d.highest
+(1, Token(authority=0, epoch=0, counter=41))
+>>> guest.check(d.state, fc.Request("report/july", fc.Token(0, 0, 40))).name
+'stale-fence'
+"""
+
+from ._guest import CHECK_INTERFACE, LEASE_INTERFACE, Instance, Limits, Runtime
+from ._types import (
+    Acquired,
+    Busy,
+    LeaseError,
+    LeaseOutcome,
+    Lost,
+    NotOwner,
+    Released,
+    Renewed,
+    Restored,
+    Applied,
+    ComponentLoadError,
+    CorruptState,
+    Decision,
+    Duplicate,
+    Exhausted,
+    FencecheckError,
+    FenceError,
+    ForeignAuthority,
+    GuestTrapped,
+    HostError,
+    InvalidRequest,
+    Policy,
+    Request,
+    ScopeMismatch,
+    StaleFence,
+    StateInfo,
+    Token,
+    TooLarge,
+    UnsupportedStateVersion,
+    VersionConflict,
+    WindowEntry,
+)
+
+__all__ = [
+    "CHECK_INTERFACE", "Instance", "Limits", "Runtime",
+    "Applied", "Duplicate", "StaleFence", "VersionConflict", "Decision",
+    "Policy", "Request", "Token", "StateInfo", "WindowEntry",
+    "FencecheckError", "FenceError", "InvalidRequest", "CorruptState",
+    "UnsupportedStateVersion", "ScopeMismatch", "ForeignAuthority", "Exhausted",
+    "HostError", "ComponentLoadError", "GuestTrapped", "TooLarge",
+    "LEASE_INTERFACE", "Acquired", "Busy", "Renewed", "Lost", "Released", "NotOwner",
+    "Restored", "LeaseOutcome", "LeaseError",
+]

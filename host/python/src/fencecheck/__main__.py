@@ -1,0 +1,64 @@
+"""``python -m fencecheck``: the vector runner and the agreement trace.
+
+    python -m fencecheck vectors FILE...   # ends with `N passed, N failed`
+    python -m fencecheck trace FILE        # one canonical line per step
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ._guest import Runtime
+from ._types import FencecheckError
+
+
+def _vectors(files: list[str], component: str | None) -> int:
+    from . import vectors
+
+    guest = Runtime(component).instance()
+    passed = failed = 0
+    for path in files:
+        try:
+            file = vectors.load(path)
+        except (OSError, UnicodeDecodeError) as e:
+            print(f"FAIL {path}: cannot read: {e}")
+            failed += 1
+            continue
+        except vectors.VectorFormatError as e:
+            print(f"FAIL {path}: {e}")
+            failed += 1
+            continue
+        failures = vectors.run(file, guest)
+        for line in failures:
+            print(f"FAIL {path}: {line}")
+        if failures:
+            failed += 1
+        else:
+            passed += 1
+    print(f"{passed} passed, {failed} failed")
+    return 0 if failed == 0 and passed > 0 else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m fencecheck", description=__doc__.splitlines()[0])
+    parser.add_argument("--component", help="load this component file instead of the packaged one")
+    sub = parser.add_subparsers(dest="command", required=True)
+    v = sub.add_parser("vectors", help="run conformance vector files")
+    v.add_argument("files", nargs="+")
+    t = sub.add_parser("trace", help="run an agreement sequence (tests/agreement/README.md)")
+    t.add_argument("file")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "vectors":
+            return _vectors(args.files, args.component)
+        from . import trace
+
+        return trace.main(args.file, Runtime(args.component).instance())
+    except FencecheckError as e:
+        print(f"fencecheck: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

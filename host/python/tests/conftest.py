@@ -1,0 +1,20 @@
+"""Shared fixtures: one runtime per test session, a fresh instance per test."""
+
+from pathlib import Path
+
+import pytest
+
+import fencecheck as fc
+
+REPO = Path(__file__).resolve().parents[3]
+VECTORS = REPO / "tests" / "vectors"
+
+
+@pytest.fixture(scope="session")
+def runtime() -> fc.Runtime:
+    return fc.Runtime()
+
+
+@pytest.fixture()
+def guest(runtime: fc.Runtime) -> fc.Instance:
+    return runtime.instance()
