@@ -1,0 +1,203 @@
+//! Restoring the SQLite coordinator from a backup, and the token history of
+//! concurrent coordinators on one database.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use anyhow::{Result, bail, ensure};
+use common::{Catalog, TempDir, World, runtime};
+use fencecheck::{Decision, Policy, Request, Token};
+use fencecheck_authority::{
+    AcquireOutcome, Coordinator, Grant, ManualClock, ReleaseOutcome, SqliteCoordinator,
+};
+
+const LOCK: &str = "report/july";
+
+fn grant(outcome: AcquireOutcome) -> Result<Grant> {
+    match outcome {
+        AcquireOutcome::Acquired(g) => Ok(g),
+        AcquireOutcome::Busy { holder, .. } => bail!("busy: held by {holder}"),
+    }
+}
+
+/// Back up the coordinator, keep granting until the resource has accepted a
+/// much higher token, restore the old backup: without a new epoch its next
+/// grant would be stale at the resource; after `restore` the next grant is
+/// accepted while every stale holder is still rejected.
+#[test]
+fn restore_from_backup_starts_an_epoch_above_the_resource() -> Result<()> {
+    let dir = TempDir::new("restore")?;
+    let live = dir.join("coordinator.db");
+    let backup = dir.join("backup.db");
+    let world = World::on_file(&live)?;
+    let mut catalog = Catalog::open(&dir.join("resource.db"))?;
+
+    let first = grant(world.coordinator.acquire(LOCK, "lease-0", 1_000)?)?;
+    {
+        let conn = rusqlite::Connection::open(&live)?;
+        conn.execute("VACUUM INTO ?1", [backup.display().to_string()])?;
+    }
+    let mut last = first.clone();
+    for i in 1..=50u64 {
+        world.coordinator_clock.advance(1_000);
+        last = grant(
+            world
+                .coordinator
+                .acquire(LOCK, &format!("lease-{i}"), 1_000)?,
+        )?;
+        let published = catalog.publish(&Request::new(LOCK, last.token, Policy::Strict), "obj")?;
+        ensure!(
+            matches!(published, Ok(Decision::Applied { .. })),
+            "{published:?}"
+        );
+    }
+    ensure!(last.token.counter == 51);
+    drop(world);
+
+    // Disaster: the coordinator comes back from the old backup.
+    std::fs::copy(&backup, &live)?;
+    let clock = Arc::new(ManualClock::new(1_000_000));
+    let restored = SqliteCoordinator::open(&live, runtime()?, clock.clone())?;
+    ensure!(
+        restored.authority() == first.token.authority,
+        "the authority survives a backup"
+    );
+    let reused = grant(restored.acquire(LOCK, "too-early", 1_000)?)?;
+    ensure!(
+        reused.token.counter == 2,
+        "the backup reissues old counters: {:?}",
+        reused.token
+    );
+    let published = catalog.publish(&Request::new(LOCK, reused.token, Policy::Strict), "bad")?;
+    ensure!(
+        matches!(published, Ok(Decision::StaleFence { .. })),
+        "the resource refuses the reissued token: {published:?}"
+    );
+
+    let floor = restored.restore(0)?;
+    ensure!(floor >= 1);
+    clock.advance(1_000);
+    let fresh = grant(restored.acquire(LOCK, "after-restore", 1_000)?)?;
+    ensure!(
+        fresh.token == Token::new(first.token.authority, floor, 1),
+        "{:?}",
+        fresh.token
+    );
+    let published = catalog.publish(&Request::new(LOCK, fresh.token, Policy::Strict), "good")?;
+    ensure!(
+        matches!(published, Ok(Decision::Applied { .. })),
+        "{published:?}"
+    );
+    for stale in [first.token, reused.token, last.token] {
+        let refused = catalog.publish(&Request::new(LOCK, stale, Policy::Strict), "stale")?;
+        ensure!(
+            matches!(refused, Ok(Decision::StaleFence { .. })),
+            "{stale:?}: {refused:?}"
+        );
+    }
+    ensure!(catalog.visible(LOCK)? == Some(("good".into(), 51)));
+
+    // A lock the backup never knew also starts at the new floor.
+    let other = grant(restored.acquire("report/august", "x", 1_000)?)?;
+    ensure!(
+        other.token.epoch == floor && other.token.counter == 1,
+        "{:?}",
+        other.token
+    );
+    Ok(())
+}
+
+/// Restoring twice from the same backup must not reuse an epoch: the
+/// operator's `at_least` (taken from outside the backup, e.g. wall-clock
+/// seconds) keeps epochs increasing.
+#[test]
+fn repeated_restore_from_one_backup_uses_at_least() -> Result<()> {
+    let dir = TempDir::new("restore-twice")?;
+    let live = dir.join("coordinator.db");
+    let backup = dir.join("backup.db");
+    let world = World::on_file(&live)?;
+    grant(world.coordinator.acquire(LOCK, "a", 1_000)?)?;
+    drop(world);
+    std::fs::copy(&live, &backup)?;
+    let mut epochs = Vec::new();
+    for at_least in [100u64, 200] {
+        std::fs::copy(&backup, &live)?;
+        let coordinator =
+            SqliteCoordinator::open(&live, runtime()?, Arc::new(ManualClock::new(10_000)))?;
+        let floor = coordinator.restore(at_least)?;
+        epochs.push(grant(coordinator.acquire(LOCK, "b", 1_000)?)?.token.epoch);
+        ensure!(floor == at_least);
+    }
+    ensure!(epochs == [100, 200], "{epochs:?}");
+    Ok(())
+}
+
+/// Several coordinators (own connections, own component instances) on one
+/// database file, acquiring and releasing in a loop from threads: every
+/// token is distinct, and an acquisition that started after another one
+/// finished always got a greater token.
+#[test]
+fn concurrent_coordinators_issue_one_increasing_sequence() -> Result<()> {
+    let dir = TempDir::new("history")?;
+    let db = dir.join("coordinator.db");
+    let clock = Arc::new(ManualClock::new(0));
+    // A global logical clock orders events across threads without sleeps.
+    let ticks = Arc::new(AtomicU64::new(0));
+    let handles: Vec<_> = (0..4)
+        .map(|worker| {
+            let db = db.clone();
+            let clock = clock.clone();
+            let ticks = ticks.clone();
+            std::thread::spawn(move || -> Result<Vec<(u64, u64, Token)>> {
+                let coordinator = SqliteCoordinator::open(&db, runtime()?, clock)?;
+                let mut history = Vec::new();
+                let mut granted = 0;
+                let mut attempts = 0;
+                while granted < 40 && attempts < 10_000 {
+                    attempts += 1;
+                    let start = ticks.fetch_add(1, Ordering::SeqCst);
+                    let id = format!("w{worker}-{attempts}");
+                    match coordinator.acquire(LOCK, &id, 60_000)? {
+                        AcquireOutcome::Acquired(g) => {
+                            let end = ticks.fetch_add(1, Ordering::SeqCst);
+                            history.push((start, end, g.token));
+                            granted += 1;
+                            ensure!(
+                                coordinator.release(LOCK, &id, g.token)?
+                                    == ReleaseOutcome::Released
+                            );
+                        }
+                        AcquireOutcome::Busy { .. } => {}
+                    }
+                }
+                ensure!(granted == 40, "worker {worker} starved");
+                Ok(history)
+            })
+        })
+        .collect();
+    let mut history = Vec::new();
+    for h in handles {
+        history.extend(h.join().map_err(|_| anyhow::anyhow!("worker panicked"))??);
+    }
+    let distinct: BTreeSet<(u64, u64)> = history
+        .iter()
+        .map(|(_, _, t)| (t.epoch, t.counter))
+        .collect();
+    ensure!(distinct.len() == history.len(), "a token was issued twice");
+    for (s1, e1, t1) in &history {
+        for (s2, _, t2) in &history {
+            if e1 < s2 {
+                ensure!(
+                    t2.grant_order(t1).is_gt(),
+                    "{t2:?} started after {t1:?} finished"
+                );
+            }
+        }
+        ensure!(s1 < e1);
+    }
+    ensure!(distinct.len() == 160);
+    Ok(())
+}
