@@ -7,6 +7,7 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use fencecheck::{Checker, Limits, Native, Runtime};
 
+mod authority;
 mod demo;
 mod trace;
 
@@ -57,7 +58,10 @@ enum Command {
         /// The sequence file (JSON lines).
         file: PathBuf,
     },
-    /// Print a stored fence state (hex) as JSON.
+    /// The SQLite lease coordinator: acquire, renew, release, restore.
+    #[command(subcommand)]
+    Authority(authority::Authority),
+    /// Print a stored fence or lease state (hex) as JSON.
     Inspect {
         /// The state's bytes in hex.
         hex: String,
@@ -127,13 +131,29 @@ fn run() -> Result<ExitCode> {
             eprintln!("wrote {} ({} bytes)", out.display(), bytes.len());
             Ok(ExitCode::SUCCESS)
         }
+        Command::Authority(command) => authority::run(&runtime(cli.component.as_ref())?, command),
         Command::Inspect { hex } => {
             let bytes = hex::decode(hex.trim()).context("the state must be hex")?;
-            let info = runtime(cli.component.as_ref())?
-                .instance()?
-                .inspect(&bytes)?
-                .map_err(|e| anyhow::anyhow!("{}", fencecheck::vectors::describe(&Err(e))))?;
-            println!("{}", serde_json::to_string_pretty(&info)?);
+            let mut guest = runtime(cli.component.as_ref())?.instance()?;
+            // Lease states carry the magic "LS"; everything else is read as a
+            // fence state (whose decoder reports anything it cannot read).
+            let json = if bytes.starts_with(b"LS") {
+                let info = guest.inspect_lease(&bytes)?.map_err(|e| {
+                    anyhow::anyhow!(
+                        "{}",
+                        fencecheck::vectors::describe_lease(
+                            &fencecheck::vectors::LeaseOutcome::Restore(Err(e))
+                        )
+                    )
+                })?;
+                serde_json::to_string_pretty(&info)?
+            } else {
+                let info = guest
+                    .inspect(&bytes)?
+                    .map_err(|e| anyhow::anyhow!("{}", fencecheck::vectors::describe(&Err(e))))?;
+                serde_json::to_string_pretty(&info)?
+            };
+            println!("{json}");
             Ok(ExitCode::SUCCESS)
         }
     }

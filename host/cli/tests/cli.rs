@@ -130,3 +130,112 @@ fn crc_hex(hex: &str) -> Result<String> {
     }
     Ok(hex::encode((!crc).to_le_bytes()))
 }
+
+/// `authority` acquires, reports busy (exit 3), refuses an old owner's
+/// release, restores to a new epoch, and `inspect` reads the lease state.
+#[test]
+fn authority_commands_follow_the_lease_rules() -> Result<()> {
+    let dir = std::env::temp_dir().join(format!("fencecheck-cli-auth-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let db = dir.join("authority.db");
+    let db = db.display().to_string();
+    let run = |args: &[&str]| -> Result<(i32, String)> {
+        let out = fencecheck(args)?;
+        Ok((
+            out.status.code().unwrap_or(-1),
+            String::from_utf8(out.stdout)?,
+        ))
+    };
+    let (code, text) = run(&[
+        "authority",
+        "acquire",
+        "--db",
+        &db,
+        "report/july",
+        "a7",
+        "60000",
+    ])?;
+    ensure!(
+        code == 0 && text.starts_with("acquired report/july lease a7 token "),
+        "{text}"
+    );
+    let token = text
+        .split_whitespace()
+        .nth(5)
+        .context("no token")?
+        .to_string();
+    ensure!(token.ends_with(":0.1"), "{token}");
+    let (code, text) = run(&[
+        "authority",
+        "acquire",
+        "--db",
+        &db,
+        "report/july",
+        "b9",
+        "60000",
+    ])?;
+    ensure!(
+        code == 3 && text.starts_with("busy holder a7"),
+        "{code} {text}"
+    );
+    let (code, text) = run(&[
+        "authority",
+        "release",
+        "--db",
+        &db,
+        "report/july",
+        "b9",
+        &token,
+    ])?;
+    ensure!(code == 3 && text.trim() == "not-owner", "{code} {text}");
+    let (code, text) = run(&[
+        "authority",
+        "release",
+        "--db",
+        &db,
+        "report/july",
+        "a7",
+        &token,
+    ])?;
+    ensure!(code == 0 && text.trim() == "released", "{code} {text}");
+    let (code, text) = run(&["authority", "restore", "--db", &db, "--at-least", "5"])?;
+    ensure!(
+        code == 0 && text.trim() == "restored epoch-floor 5",
+        "{code} {text}"
+    );
+    let (code, text) = run(&[
+        "authority",
+        "acquire",
+        "--db",
+        &db,
+        "report/july",
+        "c1",
+        "60000",
+    ])?;
+    ensure!(code == 0 && text.contains(":5.1 "), "{code} {text}");
+    let (code, _) = run(&[
+        "authority",
+        "renew",
+        "--db",
+        &db,
+        "report/july",
+        "c1",
+        "5.x",
+        "10",
+    ])?;
+    ensure!(code == 2, "a malformed token is a usage error");
+
+    let state: Vec<u8> = rusqlite::Connection::open(&db)?.query_row(
+        "SELECT state FROM fencecheck_leases WHERE lock = 'report/july'",
+        [],
+        |r| r.get(0),
+    )?;
+    let (code, text) = run(&["inspect", &hex::encode(state)])?;
+    std::fs::remove_dir_all(&dir)?;
+    let json: serde_json::Value = serde_json::from_str(&text)?;
+    ensure!(
+        code == 0 && json["epoch"] == 5 && json["holder"]["lease_id"] == "c1",
+        "{json}"
+    );
+    Ok(())
+}
