@@ -1,0 +1,314 @@
+// The conformance-vector runner, same contract as the Rust reference
+// (host/runtime/src/vectors.rs; format in tests/vectors/README.md).
+//
+// Files are parsed losslessly (lossless-json): every integer becomes a BigInt,
+// so u64 values up to 2^64-1 survive; non-integers, negatives and values past
+// u64 are refused, as are unknown fields. A fence slot is threaded through the
+// check steps (only `applied` replaces it) and a lease slot through the lease
+// steps (every outcome carrying a state replaces it); `damage` alters either.
+// A HostError (trapped guest) ends the file with a failure line: it is never
+// taken for an outcome.
+
+import { readFileSync } from 'node:fs';
+import { isInteger, parse as losslessParse } from 'lossless-json';
+import { FenceError, HostError, U64_MAX } from './index.js';
+
+/** The file (or a line) is not well-formed. */
+export class VectorFormatError extends Error {
+  get name() { return 'VectorFormatError'; }
+}
+
+const FILE_KEYS = ['name', 'description', 'steps'];
+const STEP_KEYS = ['check', 'damage', 'bit', 'len', 'hex', 'state', 'acquire', 'renew', 'release', 'restore', 'expect'];
+const CHECK_KEYS = ['scope', 'token', 'authority', 'policy', 'op_id', 'expected_version'];
+const EXPECT_KEYS = ['outcome', 'version', 'highest', 'presented', 'expected', 'actual', 'error', 'reason', 'token', 'expires_at', 'holder', 'epoch'];
+const ACTIONS = ['check', 'damage', 'acquire', 'renew', 'release', 'restore'];
+const LEASE_KEYS = {
+  acquire: ['lock', 'lease_id', 'now', 'ttl', 'authority', 'epoch_floor'],
+  renew: ['lease_id', 'token', 'authority', 'now', 'ttl'],
+  release: ['lease_id', 'token', 'authority'],
+  restore: [],
+};
+
+class NotInteger {
+  constructor(text) { this.text = text; }
+  toString() { return this.text; }
+}
+
+/** Parse JSON text with every integer as a BigInt (lossless). */
+export function parseJson(text) {
+  try {
+    return losslessParse(text, null, (s) => (isInteger(s) ? BigInt(s) : new NotInteger(s)));
+  } catch (e) {
+    throw new VectorFormatError(`cannot parse: ${e.message}`);
+  }
+}
+
+const isObject = (v) => v !== null && typeof v === 'object' && !Array.isArray(v) && !(v instanceof NotInteger);
+const present = (o, k) => o[k] !== undefined && o[k] !== null;
+
+export function obj(value, keys, what) {
+  if (!isObject(value)) throw new VectorFormatError(`${what} must be an object`);
+  const unknown = Object.keys(value).filter((k) => !keys.includes(k)).sort();
+  if (unknown.length) throw new VectorFormatError(`unknown field \`${unknown[0]}\` in ${what}`);
+  return value;
+}
+
+export function u64(value, what) {
+  if (typeof value !== 'bigint' || value < 0n || value > U64_MAX) {
+    throw new VectorFormatError(`${what} must be an integer in 0..=2^64-1, got ${String(value)}`);
+  }
+  return value;
+}
+
+const optU64 = (o, k) => (present(o, k) ? u64(o[k], k) : undefined);
+
+function str(o, k, what) {
+  if (typeof o[k] !== 'string') throw new VectorFormatError(`${what} must be a string`);
+  return o[k];
+}
+
+const optStr = (o, k) => (present(o, k) ? str(o, k, k) : undefined);
+
+function pair(value, what) {
+  if (!Array.isArray(value) || value.length !== 2) throw new VectorFormatError(`${what} must be [epoch, counter]`);
+  return [u64(value[0], what), u64(value[1], what)];
+}
+
+/** A vector `check` object as a Request for Instance.check. */
+export function parseRequest(check) {
+  const c = obj(check, CHECK_KEYS, 'check');
+  const [epoch, counter] = pair(c.token, 'check.token');
+  const policy = c.policy ?? 'strict';
+  if (policy !== 'strict' && policy !== 'allow-equal') throw new VectorFormatError(`unknown policy ${String(policy)}`);
+  if (typeof c.scope !== 'string' || !c.scope.isWellFormed()) throw new VectorFormatError('check.scope must be a string');
+  const opId = optStr(c, 'op_id');
+  if (opId !== undefined && !opId.isWellFormed()) throw new VectorFormatError('op_id is not well-formed Unicode');
+  return {
+    scope: c.scope,
+    token: { authority: u64(c.authority ?? 0n, 'check.authority'), epoch, counter },
+    policy,
+    opId,
+    expectedVersion: optU64(c, 'expected_version'),
+  };
+}
+
+/** A lease step's arguments, validated, with defaults. */
+export function leaseArgs(action, step) {
+  const keys = LEASE_KEYS[action];
+  const a = obj(step, keys, action);
+  const out = {};
+  if (keys.includes('lock')) out.lock = str(a, 'lock', `${action}.lock`);
+  if (keys.includes('lease_id')) out.leaseId = str(a, 'lease_id', `${action}.lease_id`);
+  for (const k of ['now', 'ttl']) {
+    if (keys.includes(k)) {
+      if (!present(a, k)) throw new VectorFormatError(`${action} needs \`${k}\``);
+      out[k] = u64(a[k], `${action}.${k}`);
+    }
+  }
+  const authority = keys.includes('authority') ? u64(a.authority ?? 0n, `${action}.authority`) : 0n;
+  if (action === 'acquire') {
+    out.authority = authority;
+    out.epochFloor = u64(a.epoch_floor ?? 0n, 'acquire.epoch_floor');
+  }
+  if (keys.includes('token')) {
+    const [epoch, counter] = pair(a.token, `${action}.token`);
+    out.token = { authority, epoch, counter };
+  }
+  return out;
+}
+
+/** Validate a vector file's text (shape only; steps are checked as they run). */
+export function parse(text) {
+  const f = obj(parseJson(text), FILE_KEYS, 'the file');
+  if (typeof f.name !== 'string' || !Array.isArray(f.steps)) {
+    throw new VectorFormatError('a vector file needs `name` (string) and `steps` (list)');
+  }
+  for (const step of f.steps) {
+    const s = obj(step, STEP_KEYS, 'a step');
+    if (present(s, 'expect')) obj(s.expect, EXPECT_KEYS, 'expect');
+    if (present(s, 'check')) parseRequest(s.check);
+    for (const action of Object.keys(LEASE_KEYS)) if (present(s, action)) leaseArgs(action, s[action]);
+  }
+  return f;
+}
+
+/** Read and validate a vector file; throws VectorFormatError or a file-system error. */
+export function load(path) {
+  return parse(readFileSync(path, 'utf8'));
+}
+
+function hexArg(step, kind) {
+  const text = step.hex;
+  if (typeof text !== 'string') throw new VectorFormatError(`\`${kind}\` needs \`hex\``);
+  if (text.length % 2 || !/^[0-9a-fA-F]*$/.test(text)) throw new VectorFormatError(`bad hex: ${JSON.stringify(text)}`);
+  return Uint8Array.from(Buffer.from(text, 'hex'));
+}
+
+/** Apply a `damage` step to a slot (null: empty). On an empty slot only `replace` creates bytes. */
+export function damage(state, step) {
+  const kind = step.damage;
+  switch (kind) {
+    case 'flip-bit': {
+      if (!present(step, 'bit')) throw new VectorFormatError('`flip-bit` needs `bit`');
+      const bit = u64(step.bit, 'bit');
+      if (!state || state.length === 0) return state;
+      const at = bit % BigInt(state.length * 8);
+      const out = Uint8Array.from(state);
+      out[Number(at / 8n)] ^= 1 << Number(at % 8n);
+      return out;
+    }
+    case 'truncate': {
+      if (!present(step, 'len')) throw new VectorFormatError('`truncate` needs `len`');
+      const len = u64(step.len, 'len');
+      return state ? state.slice(0, len > BigInt(state.length) ? state.length : Number(len)) : state;
+    }
+    case 'append': {
+      const extra = hexArg(step, kind);
+      if (!state) return state;
+      const out = new Uint8Array(state.length + extra.length);
+      out.set(state);
+      out.set(extra, state.length);
+      return out;
+    }
+    case 'replace':
+      return hexArg(step, kind);
+    case 'clear':
+      return null;
+    default:
+      throw new VectorFormatError(`unknown damage kind ${JSON.stringify(kind)}`);
+  }
+}
+
+const tp = (t) => `[${t.epoch}, ${t.counter}]`;
+
+/** A one-line description of a check outcome (a Decision or a FenceError). */
+export function describe(o) {
+  switch (o.outcome) {
+    case 'applied': return `applied (version ${o.version}, highest ${tp(o.highest)})`;
+    case 'duplicate': return `duplicate (version ${o.version})`;
+    case 'stale-fence': return `stale-fence (presented ${tp(o.presented)}, highest ${tp(o.highest)})`;
+    case 'version-conflict': return `version-conflict (expected ${o.expected}, actual ${o.actual})`;
+    case 'acquired': return `acquired (token ${tp(o.token)}, expires_at ${o.expiresAt})`;
+    case 'busy': return `busy (holder ${JSON.stringify(o.holder)}, expires_at ${o.expiresAt})`;
+    case 'renewed': return `renewed (expires_at ${o.expiresAt})`;
+    case 'restored': return `restored (epoch ${o.epoch})`;
+    case undefined: return `error ${o.code}` + (o.reason ? ` (${o.reason})` : '');
+    default: return o.outcome;
+  }
+}
+
+class Mismatch extends Error {}
+
+function field(name, want, got) {
+  if (want !== undefined && want !== got) throw new Mismatch(`${name}: expected ${want}, got ${got}`);
+}
+
+function fieldPair(expect, key, got) {
+  if (present(expect, key)) {
+    const want = pair(expect[key], key);
+    if (want[0] !== got.epoch || want[1] !== got.counter) throw new Mismatch(`${key}: expected [${want.join(', ')}], got ${tp(got)}`);
+  }
+}
+
+/** Compare an outcome with the fields `expect` names; throws on a mismatch. */
+export function compare(expect, o) {
+  const got = o instanceof FenceError ? 'error' : o.outcome;
+  if (expect.outcome !== got) throw new Mismatch(`expected ${expect.outcome}, got ${describe(o)}`);
+  if (o instanceof FenceError) {
+    field('error', optStr(expect, 'error'), o.code);
+    field('reason', optStr(expect, 'reason'), o.reason ?? 'none');
+    return;
+  }
+  switch (o.outcome) {
+    case 'applied':
+      field('version', optU64(expect, 'version'), o.version);
+      fieldPair(expect, 'highest', o.highest);
+      break;
+    case 'duplicate':
+      field('version', optU64(expect, 'version'), o.version);
+      break;
+    case 'stale-fence':
+      fieldPair(expect, 'presented', o.presented);
+      fieldPair(expect, 'highest', o.highest);
+      break;
+    case 'version-conflict':
+      field('expected', optU64(expect, 'expected'), o.expected);
+      field('actual', optU64(expect, 'actual'), o.actual);
+      break;
+    case 'acquired':
+      fieldPair(expect, 'token', o.token);
+      field('expires_at', optU64(expect, 'expires_at'), o.expiresAt);
+      break;
+    case 'busy':
+      field('holder', optStr(expect, 'holder'), o.holder);
+      field('expires_at', optU64(expect, 'expires_at'), o.expiresAt);
+      break;
+    case 'renewed':
+      field('expires_at', optU64(expect, 'expires_at'), o.expiresAt);
+      break;
+    case 'restored':
+      field('epoch', optU64(expect, 'epoch'), o.epoch);
+      break;
+    default:
+  }
+}
+
+function runLease(action, args, state, guest) {
+  try {
+    if (action === 'acquire') return guest.acquire(state, args);
+    if (action === 'renew') return guest.renew(state, args);
+    if (action === 'release') return guest.release(state, args);
+    return guest.restore(state);
+  } catch (e) {
+    if (e instanceof FenceError) return e;
+    throw e;
+  }
+}
+
+/** Run a parsed file; returns one line per failing step (empty: passed). */
+export function run(file, guest) {
+  const failures = [];
+  const slots = { fence: null, lease: null };
+  for (const [index, step] of file.steps.entries()) {
+    const n = index + 1;
+    try {
+      const actions = ACTIONS.filter((a) => present(step, a));
+      if (actions.length !== 1) throw new Mismatch('a step needs exactly one action');
+      const [action] = actions;
+      if (action === 'damage') {
+        const slot = step.state ?? 'fence';
+        if (!(slot in slots)) throw new Mismatch(`unknown state slot ${JSON.stringify(slot)}`);
+        slots[slot] = damage(slots[slot], step);
+        continue;
+      }
+      if (!present(step, 'expect')) throw new Mismatch('step without `expect`');
+      if (action === 'check') {
+        const request = parseRequest(step.check);
+        let outcome;
+        try {
+          outcome = guest.check(slots.fence, request);
+        } catch (e) {
+          if (!(e instanceof FenceError)) throw e;
+          outcome = e;
+        }
+        if (outcome.outcome === 'applied') slots.fence = outcome.state;
+        compare(step.expect, outcome);
+      } else {
+        const outcome = runLease(action, leaseArgs(action, step[action]), slots.lease, guest);
+        if (outcome.state) slots.lease = outcome.state;
+        compare(step.expect, outcome);
+      }
+    } catch (e) {
+      if (e instanceof Mismatch || e instanceof VectorFormatError) {
+        failures.push(`step ${n}: ${e.message}`);
+      } else if (e instanceof HostError) {
+        failures.push(`step ${n}: ${e.message}`);
+        break;
+      } else {
+        throw e;
+      }
+    }
+  }
+  return failures;
+}

@@ -1,0 +1,20 @@
+// Compiled by `npm run typecheck` (tsc --noEmit): the public .d.ts files
+// describe a usable API. Not run; a type error fails the check.
+import { FenceError, Runtime, token, type Decision } from '../src/index.js';
+import { fencedWrite, type Database } from '../src/sqlite.js';
+
+declare const db: Database;
+const guest = new Runtime().instance();
+const d: Decision = guest.check(null, { scope: 's', token: token(0, 0, 1), policy: 'strict', expectedVersion: 1n });
+if (d.outcome === 'applied') {
+  const bytes: Uint8Array = d.state;
+  void bytes;
+} else if (d.outcome === 'stale-fence') {
+  const highest: bigint = d.highest.counter;
+  void highest;
+}
+for (const r of guest.checkBatch([[null, { scope: 's', token: token(0, 0, 1) }]])) {
+  if (r instanceof FenceError) void r.code;
+}
+const w: Decision = fencedWrite(db, guest, { scope: 's', token: token(0, 0, 2) }, (_db, applied) => void applied.version);
+void w;

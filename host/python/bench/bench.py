@@ -1,0 +1,51 @@
+#!/usr/bin/env python3
+"""Calls per second and cost per check through wasmtime-py, single and batched
+(check-batch of 256), on the workload of benches/check.rs: scope report/july
+has accepted 0.41, the request presents 0.42 under strict, so each check
+verifies the stored state and encodes a new one. Prints medians over RUNS timed
+runs (after a warm-up).
+
+    python3 host/python/bench/bench.py [RUNS]
+"""
+
+import importlib.metadata
+import statistics
+import sys
+import time
+
+import fencecheck as fc
+
+RUNS = int(sys.argv[1]) if len(sys.argv) > 1 else 15
+BATCH = 256
+
+
+def timed(fn, calls: int, per_call: int) -> float:
+    """One timed run: ``calls`` iterations of ``fn``; ns per check."""
+    start = time.perf_counter_ns()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter_ns() - start) / (calls * per_call)
+
+
+def main() -> None:
+    guest = fc.Runtime().instance()
+    first = guest.check(None, fc.Request("report/july", fc.Token(0, 0, 41)))
+    request = fc.Request("report/july", fc.Token(0, 0, 42))
+    assert isinstance(guest.check(first.state, request), fc.Applied), "the workload must be applied"
+    items = [(first.state, request)] * BATCH
+    cases = [
+        ("single check", lambda: guest.check(first.state, request), 2000, 1),
+        (f"check-batch of {BATCH}, per check", lambda: guest.check_batch(items), 8, BATCH),
+    ]
+    version = sys.version.split()[0]
+    print(f"fencecheck Python {version}, wasmtime-py {importlib.metadata.version('wasmtime')}, median of {RUNS} runs")
+    print("| benchmark | ns per check | checks per second |")
+    print("| --- | ---: | ---: |")
+    for name, fn, calls, per in cases:
+        timed(fn, calls, per)  # warm-up
+        ns = statistics.median(timed(fn, calls, per) for _ in range(RUNS))
+        print(f"| {name} | {ns:,.0f} | {1e9 / ns:,.0f} |")
+
+
+if __name__ == "__main__":
+    main()
