@@ -1,0 +1,43 @@
+//! A loadable SQLite extension that puts the fencecheck component behind
+//! three SQL functions, so any program that opens a SQLite database can fence
+//! its writes with one statement.
+//!
+//! # Layout
+//!
+//! - `fence_check(state, scope, token, policy, op_id, expected_version)` →
+//!   `'applied'`, `'duplicate'`, `'stale-fence'` or `'version-conflict'`.
+//! - `fence_next(...same...)` → the new state BLOB when the outcome is
+//!   `applied`; otherwise an SQL error naming the outcome, so an UPDATE can
+//!   never store a state the fence refused.
+//! - `fence_inspect(state)` → the state as JSON TEXT (NULL for NULL).
+//!
+//! `state` is a BLOB or NULL (no state yet); `scope` TEXT; `token` TEXT in
+//! the canonical form `EPOCH.COUNTER` or `AUTHORITY:EPOCH.COUNTER`; `policy`
+//! `'strict'` or `'allow-equal'`; `op_id` TEXT or NULL; `expected_version` a
+//! non-negative INTEGER or NULL. Anything else, and every check error
+//! (`corrupt-state`, `scope-mismatch`, `invalid-request`…), raises an SQL
+//! error whose message starts with the error's name. All three functions are
+//! deterministic.
+//!
+//! Internals: `functions` (safe Rust, the rules above) and `ffi` (the entry
+//! points `sqlite3_extension_init` / `sqlite3_fencecheck_init` and the
+//! trampolines). One component runtime per process, one instance per
+//! connection.
+//!
+//! # Example
+//!
+//! ```sql
+//! .load target/release/libfencecheck_sqlite_ext
+//! UPDATE report_catalog
+//!    SET visible_object = :object_key,
+//!        fence_state = fence_next(fence_state, :report_id, :token, 'strict', NULL, NULL)
+//!  WHERE report_id = :report_id
+//!    AND fence_check(fence_state, :report_id, :token, 'strict', NULL, NULL) = 'applied';
+//! ```
+
+mod ffi;
+mod functions;
+
+pub use ffi::{
+    ApiRoutines, Context, Sqlite3, Value, sqlite3_extension_init, sqlite3_fencecheck_init,
+};

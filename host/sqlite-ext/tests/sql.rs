@@ -1,0 +1,275 @@
+//! The extension loaded into a real SQLite (rusqlite's bundled build) and
+//! driven with SQL: the one-statement fenced UPDATE, byte-for-byte agreement
+//! with the native reference, errors that change nothing, determinism,
+//! per-connection instances on several threads.
+#![allow(unsafe_code)] // loading an extension is `unsafe` in rusqlite's API
+
+use std::path::PathBuf;
+use std::sync::{Arc, Barrier};
+use std::thread;
+
+use anyhow::{Context, Result, bail, ensure};
+use fencecheck::{Checker, Decision, Native, Policy, Request, Token, TokenText};
+use rusqlite::{Connection, OptionalExtension, params};
+
+/// The cdylib cargo built for this package in the `deps/` directory this
+/// test runs from (or `FENCECHECK_SQLITE_EXT`). `cargo test` refreshes the
+/// copy in `deps/` (built with the rlib this test links), not the one it
+/// uplifts to `target/<profile>/` on `cargo build`.
+fn extension() -> Result<PathBuf> {
+    if let Some(path) = std::env::var_os("FENCECHECK_SQLITE_EXT") {
+        return Ok(path.into());
+    }
+    let exe = std::env::current_exe()?;
+    let deps = exe.parent().context("test binary has no directory")?;
+    let path = deps.join(format!(
+        "{}fencecheck_sqlite_ext{}",
+        std::env::consts::DLL_PREFIX,
+        std::env::consts::DLL_SUFFIX
+    ));
+    ensure!(path.exists(), "{} not built", path.display());
+    Ok(path)
+}
+
+/// An in-memory connection with the extension loaded.
+fn connect() -> Result<Connection> {
+    let conn = Connection::open_in_memory()?;
+    let path = extension()?;
+    // SAFETY: loading our own extension; it registers three pure functions.
+    unsafe {
+        let _guard = rusqlite::LoadExtensionGuard::new(&conn)?;
+        conn.load_extension(&path, None::<&str>)?;
+    }
+    conn.execute_batch(
+        "CREATE TABLE report_catalog (
+             report_id      TEXT PRIMARY KEY,
+             visible_object TEXT NOT NULL,
+             fence_state    BLOB NOT NULL)",
+    )?;
+    Ok(conn)
+}
+
+const PUBLISH: &str = "
+UPDATE report_catalog
+   SET visible_object = :object_key,
+       fence_state = fence_next(fence_state, :report_id, :token, 'strict', NULL, NULL)
+ WHERE report_id = :report_id
+   AND fence_check(fence_state, :report_id, :token, 'strict', NULL, NULL) = 'applied'";
+
+fn publish(conn: &Connection, token: &str, object: &str) -> Result<usize> {
+    Ok(conn.execute(
+        PUBLISH,
+        rusqlite::named_params! {":object_key": object, ":report_id": "report/july", ":token": token},
+    )?)
+}
+
+fn catalog(conn: &Connection) -> Result<Option<(String, Vec<u8>)>> {
+    Ok(conn
+        .query_row(
+            "SELECT visible_object, fence_state FROM report_catalog",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .optional()?)
+}
+
+fn first_row(conn: &Connection) -> Result<()> {
+    conn.execute(
+        "INSERT INTO report_catalog VALUES ('report/july', 'reports/july/first',
+             fence_next(NULL, 'report/july', '0.40', 'strict', NULL, NULL))",
+        [],
+    )?;
+    Ok(())
+}
+
+/// The seed's conditional update as one statement: token 42 moves the
+/// pointer, the late token 41 updates no row and leaves B visible.
+#[test]
+fn one_statement_update_fences_the_catalog() -> Result<()> {
+    let conn = connect()?;
+    first_row(&conn)?;
+    ensure!(publish(&conn, "0.42", "reports/july/b9.tmp")? == 1);
+    ensure!(publish(&conn, "0.41", "reports/july/a7.tmp")? == 0);
+    ensure!(
+        publish(&conn, "0.42", "reports/july/again")? == 0,
+        "strict: a grant publishes once"
+    );
+    let (visible, state) = catalog(&conn)?.context("no row")?;
+    ensure!(visible == "reports/july/b9.tmp", "{visible}");
+    let json: String = conn.query_row("SELECT fence_inspect(?1)", [&state], |r| r.get(0))?;
+    ensure!(
+        json.contains("\"counter\":42") && json.contains("\"version\":2"),
+        "{json}"
+    );
+    Ok(())
+}
+
+/// Every state fence_next returns is exactly the native reference's, over a
+/// sequence mixing policies, op-ids, expected versions and authorities; every
+/// outcome fence_check names is the reference's.
+#[test]
+fn agrees_with_the_native_reference_byte_for_byte() -> Result<()> {
+    let conn = connect()?;
+    let mut state: Option<Vec<u8>> = None;
+    let steps: Vec<Request> = vec![
+        Request::new("s", Token::new(9, 1, 1), Policy::Strict),
+        Request::new("s", Token::new(9, 1, 1), Policy::AllowEqual).with_op_id("a"),
+        Request::new("s", Token::new(9, 1, 1), Policy::AllowEqual).with_op_id("b"),
+        Request::new("s", Token::new(9, 1, 1), Policy::AllowEqual).with_op_id("a"),
+        Request::new("s", Token::new(9, 1, 2), Policy::AllowEqual).with_expected_version(3),
+        Request::new("s", Token::new(9, 1, 2), Policy::AllowEqual).with_expected_version(4),
+        Request::new("s", Token::new(9, 0, u64::MAX), Policy::Strict),
+        Request::new("s", Token::new(9, u64::MAX, u64::MAX), Policy::Strict),
+    ];
+    for request in &steps {
+        let token = TokenText(request.token).to_string();
+        let policy = match request.policy {
+            Policy::Strict => "strict",
+            Policy::AllowEqual => "allow-equal",
+        };
+        let expected = request.expected_version.map(|v| v as i64);
+        let args = params![state, request.scope, token, policy, request.op_id, expected];
+        let named: String =
+            conn.query_row("SELECT fence_check(?1, ?2, ?3, ?4, ?5, ?6)", args, |r| {
+                r.get(0)
+            })?;
+        let next: rusqlite::Result<Vec<u8>> =
+            conn.query_row("SELECT fence_next(?1, ?2, ?3, ?4, ?5, ?6)", args, |r| {
+                r.get(0)
+            });
+        match Native.check(state.as_deref(), request)? {
+            Ok(Decision::Applied {
+                state: reference, ..
+            }) => {
+                ensure!(named == "applied", "{request:?}: {named}");
+                ensure!(next? == reference, "{request:?}: bytes differ");
+                state = Some(reference);
+            }
+            Ok(other) => {
+                ensure!(named == other.name(), "{request:?}: {named} vs {other:?}");
+                let message = next.err().map(|e| e.to_string()).unwrap_or_default();
+                ensure!(message.starts_with(other.name()), "{request:?}: {message}");
+            }
+            Err(e) => bail!("{request:?}: reference refused: {e:?}"),
+        }
+    }
+    Ok(())
+}
+
+/// A careless UPDATE that stores fence_next without the fence_check guard
+/// fails on a stale token; a corrupt state fails both functions; either way
+/// the row is unchanged.
+#[test]
+fn refused_updates_change_nothing() -> Result<()> {
+    let conn = connect()?;
+    first_row(&conn)?;
+    ensure!(publish(&conn, "0.42", "b")? == 1);
+    let before = catalog(&conn)?;
+    let careless = conn.execute(
+        "UPDATE report_catalog SET visible_object = 'a',
+             fence_state = fence_next(fence_state, report_id, '0.41', 'strict', NULL, NULL)",
+        [],
+    );
+    let message = careless.err().map(|e| e.to_string()).unwrap_or_default();
+    ensure!(message.starts_with("stale-fence: token 0.41"), "{message}");
+    ensure!(catalog(&conn)? == before);
+
+    let (_, mut state) = before.clone().context("no row")?;
+    state[12] ^= 0x10;
+    let corrupt = conn.query_row(
+        "SELECT fence_check(?1, 'report/july', '0.43', 'strict', NULL, NULL)",
+        [&state],
+        |r| r.get::<_, String>(0),
+    );
+    let message = corrupt.err().map(|e| e.to_string()).unwrap_or_default();
+    ensure!(message == "corrupt-state: checksum-mismatch", "{message}");
+    conn.execute("UPDATE report_catalog SET fence_state = ?1", [&state])?;
+    let damaged = catalog(&conn)?;
+    let result = publish(&conn, "0.43", "c");
+    let message = result.err().map(|e| e.to_string()).unwrap_or_default();
+    ensure!(message == "corrupt-state: checksum-mismatch", "{message}");
+    ensure!(catalog(&conn)? == damaged);
+    Ok(())
+}
+
+/// The functions are registered deterministic: SQLite accepts them in an
+/// index expression and a generated column, where it refuses anything else.
+#[test]
+fn functions_are_deterministic() -> Result<()> {
+    let conn = connect()?;
+    conn.execute_batch(
+        "CREATE INDEX by_version ON report_catalog (fence_inspect(fence_state));
+         CREATE TABLE g (s BLOB, info TEXT GENERATED ALWAYS AS (fence_inspect(s)));",
+    )?;
+    let refused = conn.execute_batch("CREATE INDEX r ON report_catalog (random())");
+    ensure!(
+        refused.is_err(),
+        "SQLite accepted a non-deterministic index"
+    );
+    first_row(&conn)?;
+    Ok(())
+}
+
+/// Several threads, each with its own connection (and so its own instance),
+/// load the extension and decide at once; all agree with the reference.
+#[test]
+fn connections_on_many_threads() -> Result<()> {
+    const THREADS: usize = 4;
+    let barrier = Arc::new(Barrier::new(THREADS));
+    let handles: Vec<_> = (0..THREADS)
+        .map(|i| {
+            let barrier = Arc::clone(&barrier);
+            thread::spawn(move || -> Result<Vec<u8>> {
+                let conn = connect()?;
+                barrier.wait();
+                let mut state: Option<Vec<u8>> = None;
+                for counter in 1..=50u64 {
+                    let token = format!("{i}:0.{counter}");
+                    state = Some(conn.query_row(
+                        "SELECT fence_next(?1, 'shared/scope', ?2, 'strict', NULL, NULL)",
+                        params![state, token],
+                        |r| r.get(0),
+                    )?);
+                }
+                state.context("no state")
+            })
+        })
+        .collect();
+    for (i, handle) in handles.into_iter().enumerate() {
+        let got = handle
+            .join()
+            .map_err(|_| anyhow::anyhow!("thread panicked"))??;
+        let mut reference = None;
+        for counter in 1..=50u64 {
+            let request = Request::new(
+                "shared/scope",
+                Token::new(i as u64, 0, counter),
+                Policy::Strict,
+            );
+            if let Ok(Decision::Applied { state, .. }) =
+                Native.check(reference.as_deref(), &request)?
+            {
+                reference = Some(state);
+            }
+        }
+        ensure!(Some(got) == reference, "thread {i} disagrees");
+    }
+    Ok(())
+}
+
+/// Closing the connection that loaded the extension does not unload it
+/// (linked `-z nodelete`): a new connection loads it again and works.
+#[test]
+fn reload_after_close() -> Result<()> {
+    for round in 0..3 {
+        let conn = connect()?;
+        let named: String = conn.query_row(
+            "SELECT fence_check(NULL, 'x', '0.1', 'strict', NULL, NULL)",
+            [],
+            |r| r.get(0),
+        )?;
+        ensure!(named == "applied", "round {round}: {named}");
+        conn.close().map_err(|(_, e)| e)?;
+    }
+    Ok(())
+}
