@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Cross-runtime agreement (tests/agreement/README.md): one deterministic random
+# sequence through Rust (wasm and native), Python and Node.js; every trace line
+# (decision, fields, state hex) must be identical byte for byte.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+scripts/build-component
+npm run --silent --prefix host/node build
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+
+seq="$work/sequence.jsonl"
+python3 tests/agreement/generate.py --seed 5 --lines 6000 > "$seq"
+cargo run -q --locked -p fencecheck-cli -- trace --runtime wasm "$seq" > "$work/rust-wasm.txt"
+cargo run -q --locked -p fencecheck-cli -- trace --runtime native "$seq" > "$work/rust-native.txt"
+PYTHONPATH=host/python/src python3 -m fencecheck trace "$seq" > "$work/python.txt"
+node host/node/bin/trace.mjs "$seq" > "$work/node.txt"
+
+lines=$(wc -l < "$work/rust-native.txt")
+if [ "$lines" -lt 6000 ]; then
+    echo "agreement: the reference trace has only $lines lines" >&2
+    exit 1
+fi
+status=0
+for runtime in rust-wasm python node; do
+    if ! cmp -s "$work/rust-native.txt" "$work/$runtime.txt"; then
+        echo "agreement: $runtime differs from rust-native; first differences:" >&2
+        diff "$work/rust-native.txt" "$work/$runtime.txt" | head -n 8 >&2 || true
+        status=1
+    fi
+done
+[ "$status" -eq 0 ] && echo "agreement: $lines trace lines identical in rust-wasm, rust-native, python, node"
+exit "$status"
