@@ -13,6 +13,8 @@
 //! - [`Coordinator`]: the trait every coordinator implements.
 //! - [`SqliteCoordinator`]: the embedded default; one `BEGIN IMMEDIATE`
 //!   transaction per decision.
+//! - [`EtcdCoordinator`], [`EtcdOptions`]: an etcd v3 cluster through its JSON
+//!   gateway; one compare-and-swap transaction per decision.
 //! - [`Clock`], [`SystemClock`], [`MonotonicClock`], [`ManualClock`]: the
 //!   coordinator's time authority and the client's local clock; tests drive
 //!   manual ones.
@@ -45,11 +47,13 @@
 mod client;
 mod clock;
 mod error;
+mod etcd;
 mod sqlite;
 
 pub use client::{AcquireResult, Client, DriftBound, Lease, WriteError, WriteOutcome};
 pub use clock::{Clock, ManualClock, MonotonicClock, SystemClock};
 pub use error::AuthorityError;
+pub use etcd::{EtcdCoordinator, EtcdOptions};
 pub use sqlite::SqliteCoordinator;
 
 use fencecheck::Token;

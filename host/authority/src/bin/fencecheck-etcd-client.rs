@@ -1,0 +1,149 @@
+//! A coordinator process for the etcd tests: acquires and releases one lock
+//! in a loop through its own [`EtcdCoordinator`], and prints every outcome on
+//! stdout, one line each:
+//!
+//! - `grant LEASE_ID AUTHORITY EPOCH COUNTER START_NS END_NS`: an acquisition,
+//!   with `CLOCK_MONOTONIC` (shared by every process on the machine) read
+//!   just before the request and just after the answer;
+//! - `release LEASE_ID released|not-owner|error`;
+//! - `busy`, `error MESSAGE` for acquisitions that did not grant;
+//! - `done CYCLES` at the end.
+//!
+//! It stops after `--cycles` acquisitions, after `--seconds`, or as soon as
+//! the file `--stop-file` exists, whichever comes first.
+//!
+//! ```text
+//! fencecheck-etcd-client --endpoints http://127.0.0.1:2379,... --lock L --name N
+//!     [--ttl-ms 1000] [--timeout-ms 1000] [--cycles 100000] [--seconds 120]
+//!     [--stop-file PATH]
+//! ```
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fencecheck::Runtime;
+use fencecheck_authority::{
+    AcquireOutcome, Coordinator, EtcdCoordinator, EtcdOptions, ReleaseOutcome, SystemClock,
+};
+
+struct Args {
+    endpoints: Vec<String>,
+    lock: String,
+    name: String,
+    ttl_ms: u64,
+    timeout_ms: u64,
+    cycles: u64,
+    seconds: u64,
+    stop_file: Option<PathBuf>,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut args = Args {
+        endpoints: Vec::new(),
+        lock: String::new(),
+        name: String::new(),
+        ttl_ms: 1_000,
+        timeout_ms: 1_000,
+        cycles: 100_000,
+        seconds: 120,
+        stop_file: None,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
+        let number = || {
+            value
+                .parse::<u64>()
+                .map_err(|e| format!("{flag} {value:?}: {e}"))
+        };
+        match flag.as_str() {
+            "--endpoints" => args.endpoints = value.split(',').map(str::to_owned).collect(),
+            "--lock" => args.lock = value,
+            "--name" => args.name = value,
+            "--ttl-ms" => args.ttl_ms = number()?,
+            "--timeout-ms" => args.timeout_ms = number()?,
+            "--cycles" => args.cycles = number()?,
+            "--seconds" => args.seconds = number()?,
+            "--stop-file" => args.stop_file = Some(value.into()),
+            _ => return Err(format!("unknown argument {flag}")),
+        }
+    }
+    if args.endpoints.is_empty() || args.lock.is_empty() || args.name.is_empty() {
+        return Err("--endpoints, --lock and --name are required".into());
+    }
+    Ok(args)
+}
+
+/// CLOCK_MONOTONIC in nanoseconds: comparable across processes.
+fn monotonic_ns() -> u128 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    u128::try_from(t.tv_sec).unwrap_or(0) * 1_000_000_000 + u128::try_from(t.tv_nsec).unwrap_or(0)
+}
+
+fn run(args: &Args) -> Result<u64, String> {
+    let options = EtcdOptions {
+        request_timeout: Duration::from_millis(args.timeout_ms),
+        ..EtcdOptions::new(args.endpoints.clone())
+    };
+    let runtime = Runtime::new().map_err(|e| format!("loading the component: {e}"))?;
+    let coordinator = EtcdCoordinator::with_options(options, runtime, Arc::new(SystemClock))
+        .map_err(|e| format!("connecting: {e}"))?;
+    let deadline = Instant::now() + Duration::from_secs(args.seconds);
+    let mut out = std::io::stdout().lock();
+    let mut say = |line: String| -> Result<(), String> {
+        writeln!(out, "{line}")
+            .and_then(|()| out.flush())
+            .map_err(|e| format!("stdout: {e}"))
+    };
+    let mut cycle = 0;
+    while cycle < args.cycles
+        && Instant::now() < deadline
+        && !args.stop_file.as_ref().is_some_and(|f| f.exists())
+    {
+        cycle += 1;
+        let lease_id = format!("{}-{cycle}", args.name);
+        let start = monotonic_ns();
+        let outcome = coordinator.acquire(&args.lock, &lease_id, args.ttl_ms);
+        let end = monotonic_ns();
+        match outcome {
+            Ok(AcquireOutcome::Acquired(grant)) => {
+                let t = grant.token;
+                say(format!(
+                    "grant {lease_id} {} {} {} {start} {end}",
+                    t.authority, t.epoch, t.counter
+                ))?;
+                let released = match coordinator.release(&args.lock, &lease_id, t) {
+                    Ok(ReleaseOutcome::Released) => "released",
+                    Ok(ReleaseOutcome::NotOwner) => "not-owner",
+                    Err(_) => "error",
+                };
+                say(format!("release {lease_id} {released}"))?;
+            }
+            Ok(AcquireOutcome::Busy { .. }) => {
+                say("busy".into())?;
+                // Not for ordering: leaves the cores to the other process and etcd.
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err(e) => {
+                say(format!("error {}", e.to_string().replace('\n', " ")))?;
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+    }
+    say(format!("done {cycle}"))?;
+    Ok(cycle)
+}
+
+fn main() -> ExitCode {
+    let result = parse_args().and_then(|args| run(&args));
+    match result {
+        Ok(_) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("fencecheck-etcd-client: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

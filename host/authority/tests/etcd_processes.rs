@@ -1,0 +1,344 @@
+//! Two coordinator *processes* (`fencecheck-etcd-client`) acquire and
+//! release one lock in a loop on a real 3-member etcd cluster, with and
+//! without faults (SIGKILL of the leader, SIGSTOP of a member). Every
+//! successful acquisition is recorded with CLOCK_MONOTONIC stamps taken
+//! before the request and after the answer; the history must show distinct
+//! tokens, each greater than every token granted before its request started.
+
+#[path = "support/etcd.rs"]
+mod etcd;
+
+use std::collections::HashSet;
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail, ensure};
+use etcd::Cluster;
+use fencecheck::{Runtime, Token};
+use fencecheck_authority::{
+    AcquireOutcome, Clock, Coordinator, EtcdCoordinator, ManualClock, SystemClock,
+};
+
+const LOCK: &str = "jobs/nightly";
+/// How long one step of a test may take to show progress (generous: a bound,
+/// not a performance claim).
+const PROGRESS_WITHIN: Duration = Duration::from_secs(60);
+
+/// One successful acquisition, as a client process reported it.
+#[derive(Clone, Debug)]
+struct Grant {
+    process: usize,
+    lease_id: String,
+    token: Token,
+    /// CLOCK_MONOTONIC just before the acquire request was sent.
+    start: u128,
+    /// CLOCK_MONOTONIC just after the grant was received.
+    end: u128,
+}
+
+/// What the client processes said, line by line.
+#[derive(Default)]
+struct Tally {
+    grants: Vec<Grant>,
+    busy: usize,
+    errors: Vec<String>,
+    release_errors: usize,
+    done: Vec<usize>,
+}
+
+/// The running client processes and the lines they printed so far.
+struct Clients {
+    children: Vec<Child>,
+    lines: Receiver<(usize, String)>,
+    tally: Tally,
+    stop_file: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Clients {
+    /// Start `n` client processes on `cluster`, each for at most `cycles`
+    /// acquisitions (and 120 s), all on the same lock.
+    fn spawn(cluster: &Cluster, n: usize, cycles: u64) -> Result<Self> {
+        let dir = tempfile::Builder::new()
+            .prefix("fencecheck-clients-")
+            .tempdir()?;
+        let stop_file = dir.path().join("stop");
+        let (tx, lines) = channel();
+        let mut clients = Self {
+            children: Vec::new(),
+            lines,
+            tally: Tally::default(),
+            stop_file,
+            _dir: dir,
+        };
+        for process in 0..n {
+            let mut child = Command::new(env!("CARGO_BIN_EXE_fencecheck-etcd-client"))
+                .args(["--endpoints", &cluster.endpoints().join(",")])
+                .args(["--lock", LOCK, "--name", &format!("p{process}")])
+                .args(["--ttl-ms", "1000", "--timeout-ms", "1000"])
+                .args(["--cycles", &cycles.to_string(), "--seconds", "120"])
+                .arg("--stop-file")
+                .arg(&clients.stop_file)
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::inherit())
+                .spawn()
+                .context("spawning fencecheck-etcd-client")?;
+            let stdout = child.stdout.take().ok_or_else(|| anyhow!("no stdout"))?;
+            clients.children.push(child);
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stdout).lines() {
+                    let Ok(line) = line else { break };
+                    if tx.send((process, line)).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+        Ok(clients)
+    }
+
+    fn record(&mut self, process: usize, line: &str) -> Result<()> {
+        let words: Vec<&str> = line.split(' ').collect();
+        match words.as_slice() {
+            ["grant", lease_id, authority, epoch, counter, start, end] => {
+                self.tally.grants.push(Grant {
+                    process,
+                    lease_id: (*lease_id).to_owned(),
+                    token: Token::new(authority.parse()?, epoch.parse()?, counter.parse()?),
+                    start: start.parse()?,
+                    end: end.parse()?,
+                });
+            }
+            ["release", _, "released" | "not-owner"] => {}
+            ["release", _, "error"] => self.tally.release_errors += 1,
+            ["busy"] => self.tally.busy += 1,
+            ["error", ..] => self.tally.errors.push(line.to_owned()),
+            ["done", cycles] => self.tally.done.push(cycles.parse()?),
+            _ => bail!("process {process} printed an unexpected line: {line:?}"),
+        }
+        Ok(())
+    }
+
+    /// Wait (bounded) until `more` grants beyond those seen so far arrive.
+    fn wait_grants(&mut self, more: usize, what: &str) -> Result<()> {
+        let target = self.tally.grants.len() + more;
+        let deadline = Instant::now() + PROGRESS_WITHIN;
+        while self.tally.grants.len() < target {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok((process, line)) => self.record(process, &line)?,
+                Err(RecvTimeoutError::Timeout) => bail!(
+                    "{what}: only {} of {target} grants within {PROGRESS_WITHIN:?} (errors: {:?})",
+                    self.tally.grants.len(),
+                    self.tally.errors.iter().rev().take(5).collect::<Vec<_>>()
+                ),
+                Err(RecvTimeoutError::Disconnected) => {
+                    bail!("{what}: the clients exited early: {:?}", self.tally.done)
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Ask the clients to stop, wait (bounded) for them, and return everything
+    /// they reported. Every client must exit cleanly and say `done`.
+    fn finish(mut self) -> Result<Tally> {
+        std::fs::write(&self.stop_file, b"stop")?;
+        let deadline = Instant::now() + PROGRESS_WITHIN;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok((process, line)) => self.record(process, &line)?,
+                // Every reader thread ended: every client closed stdout.
+                Err(RecvTimeoutError::Disconnected) => break,
+                Err(RecvTimeoutError::Timeout) => bail!("the clients did not stop"),
+            }
+        }
+        for (i, child) in self.children.iter_mut().enumerate() {
+            let status = child.wait()?;
+            ensure!(status.success(), "client {i} failed: {status}");
+        }
+        ensure!(
+            self.tally.done.len() == self.children.len(),
+            "not every client finished: {:?}",
+            self.tally.done
+        );
+        Ok(std::mem::take(&mut self.tally))
+    }
+}
+
+impl Drop for Clients {
+    fn drop(&mut self) {
+        for child in &mut self.children {
+            if let Ok(None) = child.try_wait() {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+    }
+}
+
+/// The token-history invariants over every process's grants: one
+/// authority, distinct tokens, and a grant whose request started after
+/// another grant was received carries a greater token. Returns how many
+/// ordered pairs across different processes were checked (so a caller can
+/// require real interleaving).
+fn check_history(grants: &[Grant], authority: u64) -> Result<usize> {
+    let mut seen = HashSet::new();
+    for g in grants {
+        ensure!(g.token.authority == authority, "foreign authority: {g:?}");
+        ensure!(g.start <= g.end, "clock went backwards: {g:?}");
+        ensure!(
+            seen.insert((g.token.epoch, g.token.counter)),
+            "token {}.{} granted twice (second time to {}: {g:?})",
+            g.token.epoch,
+            g.token.counter,
+            g.lease_id
+        );
+    }
+    // Sweep: grants by request start; received grants by end. For each grant,
+    // the greatest token received before its request started must be smaller.
+    let mut by_start: Vec<&Grant> = grants.iter().collect();
+    by_start.sort_by_key(|g| g.start);
+    let mut by_end: Vec<&Grant> = grants.iter().collect();
+    by_end.sort_by_key(|g| g.end);
+    let mut before: Option<&Grant> = None; // the greatest token received so far
+    let mut received = 0;
+    let mut cross = 0;
+    let mut last_process_seen = HashSet::new();
+    for b in by_start {
+        while received < by_end.len() && by_end[received].end < b.start {
+            let a = by_end[received];
+            last_process_seen.insert(a.process);
+            if before.is_none_or(|m| a.token.grant_order(&m.token).is_gt()) {
+                before = Some(a);
+            }
+            received += 1;
+        }
+        if let Some(a) = before {
+            ensure!(
+                b.token.grant_order(&a.token).is_gt(),
+                "token went backwards: {b:?} was requested after {a:?} was granted"
+            );
+            if last_process_seen.iter().any(|&p| p != b.process) {
+                cross += 1;
+            }
+        }
+    }
+    Ok(cross)
+}
+
+/// After the clients: a new acquisition (on a clock past every client lease)
+/// must still be above every recorded token.
+fn next_grant_is_above(cluster: &Cluster, grants: &[Grant]) -> Result<()> {
+    let far = Arc::new(ManualClock::new(SystemClock.now_ms() + 3_600_000));
+    let c = EtcdCoordinator::connect(cluster.endpoints(), Runtime::new()?, far)?;
+    let AcquireOutcome::Acquired(next) = c.acquire(LOCK, "after-all", 1_000)? else {
+        bail!("the lock is still held an hour later");
+    };
+    for g in grants {
+        ensure!(
+            next.token.grant_order(&g.token).is_gt(),
+            "{next:?} not above {g:?}"
+        );
+    }
+    Ok(())
+}
+
+fn summary(what: &str, t: &Tally, cross: usize) {
+    eprintln!(
+        "{what}: {} grants ({} cross-process ordered), {} busy, {} acquire errors, {} release errors, cycles {:?}",
+        t.grants.len(),
+        cross,
+        t.busy,
+        t.errors.len(),
+        t.release_errors,
+        t.done
+    );
+}
+
+/// Two coordinator processes on one lock: every token distinct, and every
+/// token greater than all granted before its request started.
+#[test]
+fn two_processes_issue_increasing_tokens() -> Result<()> {
+    let cluster = Cluster::start(3)?;
+    let authority = cluster.status(0)?.cluster_id;
+    let mut clients = Clients::spawn(&cluster, 2, 400)?;
+    clients.wait_grants(50, "steady state")?;
+    let tally = clients.finish()?;
+    let cross = check_history(&tally.grants, authority)?;
+    summary("no faults", &tally, cross);
+    for p in 0..2 {
+        ensure!(
+            tally.grants.iter().any(|g| g.process == p),
+            "process {p} never acquired"
+        );
+    }
+    ensure!(
+        cross > 0,
+        "no grant was ordered after another process's grant"
+    );
+    next_grant_is_above(&cluster, &tally.grants)
+}
+
+/// The same invariants while the etcd leader is SIGKILLed (and restarted)
+/// and then a leader is SIGSTOPped (and continued). Errors during the faults
+/// are allowed; a duplicate or decreasing token never is. Progress after
+/// each fault is required, so every phase contributes grants.
+#[test]
+fn tokens_stay_increasing_through_leader_kill_and_member_stop() -> Result<()> {
+    let mut cluster = Cluster::start(3)?;
+    let authority = cluster.status(0)?.cluster_id;
+    let mut clients = Clients::spawn(&cluster, 2, 1_000_000)?;
+    clients.wait_grants(20, "before faults")?;
+
+    let leader = cluster.wait_healthy()?;
+    cluster.kill(leader)?;
+    clients.wait_grants(20, "leader killed")?;
+    cluster.restart(leader)?;
+    cluster.wait_healthy()?;
+    clients.wait_grants(20, "killed member restarted")?;
+
+    let leader = cluster.wait_healthy()?;
+    cluster.stop(leader)?;
+    clients.wait_grants(20, "leader stopped")?;
+    cluster.resume(leader)?;
+    cluster.wait_healthy()?;
+    clients.wait_grants(20, "stopped member continued")?;
+
+    let tally = clients.finish()?;
+    let cross = check_history(&tally.grants, authority)?;
+    summary("faults", &tally, cross);
+    ensure!(
+        cross > 0,
+        "no grant was ordered after another process's grant"
+    );
+    next_grant_is_above(&cluster, &tally.grants)
+}
+
+/// The checker itself: a duplicate token, a token that goes backwards, and
+/// a foreign authority are each caught (so the process tests can fail).
+#[test]
+fn history_checker_catches_violations() -> Result<()> {
+    let g = |process, counter, start, end| Grant {
+        process,
+        lease_id: format!("p{process}-{counter}"),
+        token: Token::new(7, 0, counter),
+        start,
+        end,
+    };
+    ensure!(check_history(&[g(0, 1, 0, 10), g(1, 2, 20, 30)], 7)? == 1);
+    // Overlapping requests may be granted in either order.
+    ensure!(check_history(&[g(0, 2, 0, 10), g(1, 1, 5, 30)], 7).is_ok());
+    ensure!(check_history(&[g(0, 1, 0, 10), g(1, 1, 20, 30)], 7).is_err());
+    ensure!(check_history(&[g(0, 2, 0, 10), g(1, 1, 20, 30)], 7).is_err());
+    ensure!(check_history(&[g(0, 3, 0, 10), g(0, 4, 11, 12), g(1, 2, 20, 30)], 7).is_err());
+    ensure!(check_history(&[g(0, 1, 0, 10)], 8).is_err());
+    Ok(())
+}
