@@ -153,3 +153,12 @@ def test_inspect_refuses_garbage(guest):
     """inspect raises CorruptState for bytes that are not a state."""
     with pytest.raises(fc.CorruptState):
         guest.inspect(b"\x01\x02")
+
+
+def test_batch_accepts_any_iterable_and_refuses_wrong_types(guest):
+    """check_batch takes a generator; a non-Request item raises TypeError before the call."""
+    assert [d.version for d in guest.check_batch((None, req(n)) for n in (1, 2))] == [1, 1]
+    with pytest.raises(TypeError):
+        guest.check_batch([(None, {"scope": "s"})])
+    with pytest.raises(TypeError):
+        guest.check("not bytes", req(1))

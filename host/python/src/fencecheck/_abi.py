@@ -164,9 +164,14 @@ def _buffer(size: int) -> tuple[bytearray, Any, int]:
     return buf, view, ctypes.addressof(view)
 
 
-def lower_check(state: Optional[bytes], request: Request) -> tuple[Any, Any]:
-    """The two arguments of ``check``: (keep-alive, pointer to 2 values)."""
-    [(s, r, scope, op)] = _encoded([(state, request)])
+def input_bytes(encoded: Sequence[tuple[Optional[bytes], Request, bytes, Optional[bytes]]]) -> int:
+    """States, scopes and op-ids in bytes: what ``Limits.call_bytes`` bounds."""
+    return sum(len(s or b"") + len(sc) + len(op or b"") for s, _, sc, op in encoded)
+
+
+def lower_check(state: Optional[bytes], request: Request) -> tuple[Any, Any, int]:
+    """The two arguments of ``check``: (keep-alive, pointer to 2 values, input bytes)."""
+    [(s, r, scope, op)] = enc = _encoded([(state, request)])
     buf, view, base = _buffer(2 * VAL + item_size(s, scope, op))
     pack_item(buf, 2 * VAL, base, s, r, scope, op)
     # `check` takes two plain values: copy them out of the item's two entries
@@ -174,11 +179,11 @@ def lower_check(state: Optional[bytes], request: Request) -> tuple[Any, Any]:
     for i in range(2):
         at = 2 * VAL + i * ENTRY + 16
         buf[i * VAL : (i + 1) * VAL] = buf[at : at + VAL]
-    return (buf, view), ctypes.cast(base, ctypes.POINTER(_V))
+    return (buf, view), ctypes.cast(base, ctypes.POINTER(_V)), input_bytes(enc)
 
 
-def lower_batch(items: Sequence[tuple[Optional[bytes], Request]]) -> tuple[Any, Any]:
-    """The one argument of ``check-batch``: (keep-alive, pointer to 1 value)."""
+def lower_batch(items: Sequence[tuple[Optional[bytes], Request]]) -> tuple[Any, Any, int]:
+    """The one argument of ``check-batch``: (keep-alive, pointer to 1 value, input bytes)."""
     enc = _encoded(items)
     n = len(enc)
     head = VAL + n * VAL  # the list value, then one record value per item
@@ -189,7 +194,7 @@ def lower_batch(items: Sequence[tuple[Optional[bytes], Request]]) -> tuple[Any, 
         entries = pack_item(buf, o, base, s, r, scope, op)
         _VALUE.pack_into(buf, VAL + i * VAL, RECORD, 2, entries, 0)
         o += item_size(s, scope, op)
-    return (buf, view), ctypes.cast(base, ctypes.POINTER(_V))
+    return (buf, view), ctypes.cast(base, ctypes.POINTER(_V)), input_bytes(enc)
 
 
 # -- lifting: read the result tree by address ---------------------------------

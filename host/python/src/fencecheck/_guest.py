@@ -192,8 +192,8 @@ class Instance:
         scope never accepted a token). Returns the decision; raises a
         ``FenceError`` when the check cannot decide, ``HostError`` when the
         component cannot run."""
-        self._bound("check", _request_bytes(state, request))
-        keep, args = _abi.lower_check(state, request)
+        keep, args, size = _abi.lower_check(state, request)
+        self._bound("check", size)
         outcome = self._call("check", self._funcs["check"], 1, args, 2, _abi.lift_check)
         del keep  # the argument memory was borrowed by the call
         if isinstance(outcome, FenceError):
@@ -208,8 +208,9 @@ class Instance:
         Results are in input order; each is what ``check`` would return, except
         that a ``FenceError`` is returned in its place rather than raised, so one
         bad item does not hide the others' decisions."""
-        self._bound("check-batch", sum(_request_bytes(s, r) for s, r in items))
-        keep, args = _abi.lower_batch(items)
+        items = list(items)
+        keep, args, size = _abi.lower_batch(items)
+        self._bound("check-batch", size)
         n = len(items)
         results = self._call(
             "check-batch", self._funcs["check-batch"], max(n, 1), args, 1, lambda v: _abi.lift_batch(v, n)
@@ -387,13 +388,6 @@ def _token_rec(t: Token) -> wc.Record:
 
 def _token_of(r: dict[str, int]) -> Token:
     return Token(r["authority"], r["epoch"], r["counter"])
-
-
-def _request_bytes(state: Optional[bytes], r: Request) -> int:
-    return (len(state) if state else 0) + len(r.scope) + (len(r.op_id) if r.op_id else 0)
-
-
-# -- lifting: results read in place, then freed by the caller ---------------
 
 
 def _name_of(vec: Any) -> bytes:
