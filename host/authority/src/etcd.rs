@@ -225,14 +225,16 @@ impl EtcdCoordinator {
                     return Ok(value);
                 }
                 Ok(Reply::Refused { status, message }) => {
-                    // A 5xx is the member's trouble (no leader, not ready): a
-                    // read may try another. A write may have been proposed.
-                    if status >= 500 && delivery == Delivery::Repeatable {
+                    // A 5xx (no leader, not ready, timed out) or an unreadable
+                    // 200 is the member's trouble: a read may try another; a
+                    // write may have been applied. A 4xx is a refusal.
+                    let trouble = status >= 500 || status == 200;
+                    if trouble && delivery == Delivery::Repeatable {
                         self.preferred.store(i + 1, Ordering::Relaxed);
                         failures.push(format!("{endpoint}: HTTP {status}: {message}"));
                         continue;
                     }
-                    let unknown = if delivery == Delivery::AtMostOnce && status >= 500 {
+                    let unknown = if trouble {
                         " (the write's outcome is unknown)"
                     } else {
                         ""
@@ -294,7 +296,7 @@ impl EtcdCoordinator {
             "success": [range_op(lock_key), range_op(&self.floor_key)],
         });
         let response = self.post("/v3/kv/txn", &request, Delivery::Repeatable)?;
-        let txn: TxnResponse = parse(response, "txn")?;
+        let txn: TxnResponse = parse(response, "read txn")?;
         if !txn.succeeded {
             return Err(etcd_error("a read-only transaction reported failure"));
         }
@@ -328,7 +330,7 @@ impl EtcdCoordinator {
             "failure": [range_op(lock_key), range_op(&self.floor_key)],
         });
         let response = self.post("/v3/kv/txn", &request, Delivery::AtMostOnce)?;
-        let txn: TxnResponse = parse(response, "txn")?;
+        let txn: TxnResponse = parse(response, "write txn (its outcome is unknown)")?;
         if txn.succeeded {
             match txn.responses.as_slice() {
                 [OpResponse::Put {}] => Ok(None),
@@ -393,7 +395,7 @@ impl EtcdCoordinator {
             ],
         });
         let response = self.post("/v3/kv/txn", &request, Delivery::Repeatable)?;
-        let txn: TxnResponse = parse(response, "txn")?;
+        let txn: TxnResponse = parse(response, "read txn")?;
         let revision = txn.header.revision;
         if !txn.succeeded || revision == 0 {
             return Err(etcd_error("a read-only transaction reported failure"));
@@ -454,7 +456,7 @@ impl EtcdCoordinator {
             "success": puts,
         });
         let response = self.post("/v3/kv/txn", &request, Delivery::AtMostOnce)?;
-        let txn: TxnResponse = parse(response, "txn")?;
+        let txn: TxnResponse = parse(response, "write txn (its outcome is unknown)")?;
         if !txn.succeeded {
             return Ok(None);
         }
