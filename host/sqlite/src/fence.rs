@@ -103,23 +103,26 @@ pub(crate) enum Store {
 
 const READ_STATE: &str = "SELECT fence_state FROM fencecheck_scopes WHERE scope = ?1";
 
-const STORE_STATE: &str = "
-INSERT INTO fencecheck_scopes (scope, fence_state, version) VALUES (?1, ?2, ?3)
-ON CONFLICT (scope) DO UPDATE
-   SET fence_state = excluded.fence_state,
-       version     = excluded.version";
+// The row's existence is known from the read under the write lock, so an
+// existing row takes a plain UPDATE (cheaper than an upsert's failed insert).
+const INSERT_STATE: &str =
+    "INSERT INTO fencecheck_scopes (scope, fence_state, version) VALUES (?1, ?2, ?3)";
+
+const UPDATE_STATE: &str =
+    "UPDATE fencecheck_scopes SET fence_state = ?2, version = ?3 WHERE scope = ?1";
 
 // One statement moves the pointer and stores the state, and only if the
-// object exists under this scope: the catalog can never point at nothing.
-const STORE_PUBLISH: &str = "
+// object is staged under this scope: the catalog can never point at nothing.
+const INSERT_PUBLISH: &str = "
 INSERT INTO fencecheck_scopes (scope, fence_state, version, visible_object, published_at_ms)
 SELECT ?1, ?2, ?3, ?4, ?5
- WHERE EXISTS (SELECT 1 FROM fencecheck_objects WHERE id = ?4 AND scope = ?1)
-ON CONFLICT (scope) DO UPDATE
-   SET fence_state     = excluded.fence_state,
-       version         = excluded.version,
-       visible_object  = excluded.visible_object,
-       published_at_ms = excluded.published_at_ms";
+ WHERE EXISTS (SELECT 1 FROM fencecheck_objects WHERE id = ?4 AND scope = ?1)";
+
+const UPDATE_PUBLISH: &str = "
+UPDATE fencecheck_scopes
+   SET fence_state = ?2, version = ?3, visible_object = ?4, published_at_ms = ?5
+ WHERE scope = ?1
+   AND EXISTS (SELECT 1 FROM fencecheck_objects WHERE id = ?4 AND scope = ?1)";
 
 /// Run `mutation` under the fence in one `BEGIN IMMEDIATE` transaction: read
 /// the scope's state, check `request`, and only on `applied` run the mutation
@@ -200,15 +203,18 @@ where
     if tx.is_autocommit() {
         return Err(Error::TransactionEnded);
     }
+    let exists = stored.is_some();
     match store {
         Store::State => {
-            tx.prepare_cached(STORE_STATE)
+            let statement = if exists { UPDATE_STATE } else { INSERT_STATE };
+            tx.prepare_cached(statement)
                 .and_then(|mut s| s.execute(params![request.scope, state, stored_version]))
                 .map_err(sql("storing the fence state"))?;
         }
         Store::Publish { object, at_ms } => {
+            let statement = if exists { UPDATE_PUBLISH } else { INSERT_PUBLISH };
             let changed = tx
-                .prepare_cached(STORE_PUBLISH)
+                .prepare_cached(statement)
                 .and_then(|mut s| {
                     s.execute(params![
                         request.scope,
