@@ -287,10 +287,11 @@ fn two_processes_issue_increasing_tokens() -> Result<()> {
     next_grant_is_above(&cluster, &tally.grants)
 }
 
-/// The same invariants while the etcd leader is SIGKILLed (and restarted)
-/// and then a leader is SIGSTOPped (and continued). Errors during the faults
-/// are allowed; a duplicate or decreasing token never is. Progress after
-/// each fault is required, so every phase contributes grants.
+/// The same invariants through three rounds of faults: the etcd leader is
+/// SIGKILLed (then restarted on its data), then a member is SIGSTOPped (the
+/// leader in rounds 0 and 2, a follower in round 1; then SIGCONT). Errors
+/// during the faults are allowed; a duplicate or decreasing token never is.
+/// Progress after each fault is required, so every phase contributes grants.
 #[test]
 fn tokens_stay_increasing_through_leader_kill_and_member_stop() -> Result<()> {
     let mut cluster = Cluster::start(3)?;
@@ -298,19 +299,26 @@ fn tokens_stay_increasing_through_leader_kill_and_member_stop() -> Result<()> {
     let mut clients = Clients::spawn(&cluster, 2, 1_000_000)?;
     clients.wait_grants(20, "before faults")?;
 
-    let leader = cluster.wait_healthy()?;
-    cluster.kill(leader)?;
-    clients.wait_grants(20, "leader killed")?;
-    cluster.restart(leader)?;
-    cluster.wait_healthy()?;
-    clients.wait_grants(20, "killed member restarted")?;
+    for round in 0..3 {
+        let leader = cluster.wait_healthy()?;
+        cluster.kill(leader)?;
+        clients.wait_grants(10, &format!("round {round}: leader killed"))?;
+        cluster.restart(leader)?;
+        cluster.wait_healthy()?;
+        clients.wait_grants(10, &format!("round {round}: killed member restarted"))?;
 
-    let leader = cluster.wait_healthy()?;
-    cluster.stop(leader)?;
-    clients.wait_grants(20, "leader stopped")?;
-    cluster.resume(leader)?;
-    cluster.wait_healthy()?;
-    clients.wait_grants(20, "stopped member continued")?;
+        let leader = cluster.wait_healthy()?;
+        let victim = if round == 1 {
+            (leader + 1) % cluster.size()
+        } else {
+            leader
+        };
+        cluster.stop(victim)?;
+        clients.wait_grants(10, &format!("round {round}: member {victim} stopped"))?;
+        cluster.resume(victim)?;
+        cluster.wait_healthy()?;
+        clients.wait_grants(10, &format!("round {round}: member {victim} continued"))?;
+    }
 
     let tally = clients.finish()?;
     let cross = check_history(&tally.grants, authority)?;
