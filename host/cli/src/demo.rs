@@ -11,76 +11,53 @@
 //! 5. A discards its staged object; B's object stays visible.
 //!
 //! The lock service here is a stand-in with a manual clock, enough to hand out
-//! ordered tokens; the fence check at the catalog is the real thing.
+//! ordered tokens; the fence check at the catalog is the real thing, through
+//! the SQLite adapter (`fencecheck-sqlite`): immutable staged objects and a
+//! fenced catalog pointer.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::mpsc;
 use std::thread;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, bail};
 use fencecheck::{Decision, Instance, Outcome, Policy, Request, Runtime, Token, TokenText};
-use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
+use fencecheck_sqlite::{Fenced, ObjectId, Rejection};
+use rusqlite::Connection;
 
 const REPORT: &str = "report/july";
 
-const SCHEMA: &str = "
-CREATE TABLE IF NOT EXISTS report_catalog (
-    report_id      TEXT PRIMARY KEY,
-    visible_object TEXT NOT NULL,
-    fence_state    BLOB NOT NULL,
-    published_at   TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS staged_objects (
-    object_key TEXT PRIMARY KEY,
-    body       TEXT NOT NULL,
-    staged_at  TEXT NOT NULL DEFAULT CURRENT_TIMESTAMP
-);";
-
-/// The fenced publish: read the fence state, check, and only on `applied`
-/// move the catalog pointer and store the new state, all in one
-/// `BEGIN IMMEDIATE` transaction. Anything else rolls back and changes nothing.
+/// The fenced publish: `fencecheck_sqlite::publish` reads the fence state,
+/// checks, and only on `applied` moves the catalog pointer to `object` and
+/// stores the new state, all in one `BEGIN IMMEDIATE` transaction. Anything
+/// else rolls back and changes nothing.
 pub fn publish(
     conn: &mut Connection,
     guest: &mut Instance,
     report_id: &str,
-    object_key: &str,
+    object: ObjectId,
     token: Token,
-) -> Result<Outcome> {
-    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    let stored: Option<Vec<u8>> = tx
-        .query_row(
-            "SELECT fence_state FROM report_catalog WHERE report_id = ?1",
-            [report_id],
-            |row| row.get(0),
-        )
-        .optional()?;
+    now_s: u64,
+) -> Result<Fenced<()>> {
     let request = Request::new(report_id, token, Policy::Strict);
-    let outcome = guest
-        .check(stored.as_deref(), &request)
-        .context("the fence check could not run")?;
-    if let Ok(Decision::Applied { state, .. }) = &outcome {
-        tx.execute(
-            "INSERT INTO report_catalog (report_id, visible_object, fence_state, published_at)
-             VALUES (?1, ?2, ?3, CURRENT_TIMESTAMP)
-             ON CONFLICT (report_id) DO UPDATE
-               SET visible_object = excluded.visible_object,
-                   fence_state    = excluded.fence_state,
-                   published_at   = excluded.published_at",
-            params![report_id, object_key, state],
-        )?;
-        tx.commit()?;
-    }
-    // Dropping an uncommitted transaction rolls it back.
-    Ok(outcome)
+    fencecheck_sqlite::publish(conn, guest, &request, object, at(now_s))
+        .context("the fenced publish could not run")
 }
 
-fn stage(conn: &Connection, key: &str, body: &str) -> Result<()> {
-    conn.execute(
-        "INSERT INTO staged_objects (object_key, body) VALUES (?1, ?2)",
-        params![key, body],
-    )?;
-    Ok(())
+/// A time on the demo's clock.
+fn at(now_s: u64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_secs(now_s)
+}
+
+fn stage(conn: &Connection, key: &str, body: &str, now_s: u64) -> Result<ObjectId> {
+    Ok(fencecheck_sqlite::stage(
+        conn,
+        REPORT,
+        key,
+        body.as_bytes(),
+        at(now_s),
+    )?)
 }
 
 /// A stand-in lock service: one lock, a manual clock, ordered tokens.
@@ -138,7 +115,7 @@ fn run_at(runtime: &Runtime, path: &Path) -> Result<ExitCode> {
     let say = |who: &str, what: &str| println!("  {who:<13} {what}");
     println!("fencecheck demo: a paused report writer meets a fenced catalog");
     println!("database: {} (SQLite, WAL)\n", path.display());
-    open(path)?.execute_batch(SCHEMA)?;
+    fencecheck_sqlite::install(&open(path)?)?;
 
     let mut locks = LockService {
         now_s: 0,
@@ -148,29 +125,33 @@ fn run_at(runtime: &Runtime, path: &Path) -> Result<ExitCode> {
     let t = |s: &LockService| format!("t={:>2}s", s.now_s);
 
     // Writer A runs on its own thread with its own connection and instance.
-    let (to_a, a_inbox) = mpsc::channel::<Token>();
+    // Messages to A: its token and the lock service's time.
+    let (to_a, a_inbox) = mpsc::channel::<(Token, u64)>();
     let (a_says, from_a) = mpsc::channel::<Say>();
     let a_runtime = runtime.clone();
     let a_path = path.to_path_buf();
-    let writer_a = thread::spawn(move || -> Result<Outcome> {
+    let writer_a = thread::spawn(move || -> Result<Fenced<()>> {
         let mut conn = open(&a_path)?;
         let mut guest = a_runtime.instance()?;
-        let token = a_inbox.recv()?;
-        stage(&conn, "reports/july/a7.tmp", "July report rendered by A")?;
+        let (token, now_s) = a_inbox.recv()?;
+        let object = stage(
+            &conn,
+            "reports/july/a7.tmp",
+            "July report rendered by A",
+            now_s,
+        )?;
         a_says.send(Say::Line(
             "writer A",
             "staged reports/july/a7.tmp; now pausing (GC, VM suspend…)".into(),
         ))?;
         // Paused until the main thread lets it go: the deterministic stand-in
         // for a stop-the-world pause longer than the lease.
-        let _resume = a_inbox.recv()?;
-        let outcome = publish(&mut conn, &mut guest, REPORT, "reports/july/a7.tmp", token)?;
-        if !matches!(outcome, Ok(Decision::Applied { .. })) {
-            // Unique key, never published: safe for its owner to delete.
-            conn.execute(
-                "DELETE FROM staged_objects WHERE object_key = ?1",
-                ["reports/july/a7.tmp"],
-            )?;
+        let (_, now_s) = a_inbox.recv()?;
+        let outcome = publish(&mut conn, &mut guest, REPORT, object, token, now_s)?;
+        if !outcome.is_applied() {
+            // Unique key, never published: safe for its owner to discard
+            // (`discard` refuses if anything references it).
+            fencecheck_sqlite::discard(&conn, object)?;
         }
         Ok(outcome)
     });
@@ -183,7 +164,7 @@ fn run_at(runtime: &Runtime, path: &Path) -> Result<ExitCode> {
             TokenText(token_a)
         ),
     );
-    to_a.send(token_a)?;
+    to_a.send((token_a, locks.now_s))?;
     let Say::Line(who, what) = from_a.recv()?;
     say(&t(&locks), &format!("{who}: {what}"));
 
@@ -203,18 +184,20 @@ fn run_at(runtime: &Runtime, path: &Path) -> Result<ExitCode> {
 
     let mut conn = open(path)?;
     let mut guest = runtime.instance()?;
-    stage(
+    let object_b = stage(
         &conn,
         "reports/july/b9.tmp",
         "Corrected July report rendered by B",
+        locks.now_s,
     )?;
     say(&t(&locks), "writer B: staged reports/july/b9.tmp");
     let b_outcome = publish(
         &mut conn,
         &mut guest,
         REPORT,
-        "reports/july/b9.tmp",
+        object_b,
         token_b,
+        locks.now_s,
     )?;
     say(
         &t(&locks),
@@ -230,7 +213,7 @@ fn run_at(runtime: &Runtime, path: &Path) -> Result<ExitCode> {
         &t(&locks),
         "writer A: resumes, still believing it holds the lock",
     );
-    to_a.send(token_a)?;
+    to_a.send((token_a, locks.now_s))?;
     let a_outcome = writer_a
         .join()
         .map_err(|_| anyhow::anyhow!("writer A panicked"))??;
@@ -242,20 +225,19 @@ fn run_at(runtime: &Runtime, path: &Path) -> Result<ExitCode> {
             outcome_text(&a_outcome)
         ),
     );
-    if matches!(a_outcome, Ok(Decision::StaleFence { .. })) {
+    if matches!(a_outcome, Fenced::Rejected(Rejection::StaleFence { .. })) {
         say(
             &t(&locks),
             "writer A: stale-fence is definitive; discarded reports/july/a7.tmp, no retry",
         );
     }
 
-    let (visible, state): (String, Vec<u8>) = conn.query_row(
-        "SELECT visible_object, fence_state FROM report_catalog WHERE report_id = ?1",
-        [REPORT],
-        |r| Ok((r.get(0)?, r.get(1)?)),
-    )?;
+    let visible = fencecheck_sqlite::visible(&conn, REPORT)?
+        .map(|v| v.name)
+        .unwrap_or_default();
+    let state = fencecheck_sqlite::stored_state(&conn, REPORT)?.unwrap_or_default();
     let staged: Vec<String> = conn
-        .prepare("SELECT object_key FROM staged_objects ORDER BY object_key")?
+        .prepare("SELECT name FROM fencecheck_objects ORDER BY name")?
         .query_map([], |r| r.get(0))?
         .collect::<Result<_, _>>()?;
     let info = guest.inspect(&state)?;
@@ -273,8 +255,8 @@ fn run_at(runtime: &Runtime, path: &Path) -> Result<ExitCode> {
         Err(e) => println!("  fence state    : unreadable ({})", e.name()),
     }
 
-    let held = matches!(b_outcome, Ok(Decision::Applied { .. }))
-        && matches!(a_outcome, Ok(Decision::StaleFence { .. }))
+    let held = b_outcome.is_applied()
+        && matches!(a_outcome, Fenced::Rejected(Rejection::StaleFence { .. }))
         && visible == "reports/july/b9.tmp"
         && staged == ["reports/july/b9.tmp"];
     if held {
@@ -286,14 +268,26 @@ fn run_at(runtime: &Runtime, path: &Path) -> Result<ExitCode> {
     }
 }
 
-fn outcome_text(outcome: &Outcome) -> String {
-    match outcome {
-        Ok(Decision::Applied { version, .. }) => format!("applied (catalog version {version})"),
-        Ok(Decision::StaleFence { presented, highest }) => format!(
-            "stale-fence ({} < highest accepted {})",
-            TokenText(*presented),
-            TokenText(*highest)
-        ),
-        other => fencecheck::vectors::describe(other),
-    }
+fn outcome_text(outcome: &Fenced<()>) -> String {
+    let outcome: Outcome = match outcome {
+        Fenced::Applied { version, .. } => return format!("applied (catalog version {version})"),
+        Fenced::Rejected(Rejection::StaleFence { presented, highest }) => {
+            return format!(
+                "stale-fence ({} < highest accepted {})",
+                TokenText(*presented),
+                TokenText(*highest)
+            );
+        }
+        Fenced::Rejected(Rejection::Duplicate { version }) => {
+            Ok(Decision::Duplicate { version: *version })
+        }
+        Fenced::Rejected(Rejection::VersionConflict { expected, actual }) => {
+            Ok(Decision::VersionConflict {
+                expected: *expected,
+                actual: *actual,
+            })
+        }
+        Fenced::Rejected(Rejection::Refused(e)) => Err(e.clone()),
+    };
+    fencecheck::vectors::describe(&outcome)
 }
