@@ -327,3 +327,29 @@ fn unreachable_cluster_is_an_error_not_an_outcome() -> Result<()> {
     ensure!(c.release(LOCK, "a1", a.token)? == ReleaseOutcome::Released);
     Ok(())
 }
+
+/// More locks than etcd's per-transaction cap (`--max-txn-ops`, default
+/// 128) cannot be restored atomically: restore fails with etcd's refusal
+/// and changes nothing (no lock moves to a new epoch, the floor stays).
+#[test]
+fn restore_beyond_the_transaction_cap_changes_nothing() -> Result<()> {
+    let cluster = Cluster::start(3)?;
+    let clock = Arc::new(ManualClock::new(0));
+    let c = coordinator(cluster.endpoints(), &clock)?;
+    let raw = Raw::new(cluster.endpoint(0));
+    for i in 0..128 {
+        granted(c.acquire(&format!("lock-{i:03}"), "a", TTL)?)?;
+    }
+    let before = raw.get("fencecheck/lock/lock-000")?;
+    let e = c.restore(0);
+    match &e {
+        Err(AuthorityError::Etcd(message)) if message.contains("too many operations") => {}
+        other => bail!("expected etcd's too-many-operations refusal, got {other:?}"),
+    }
+    ensure!(raw.get("fencecheck/lock/lock-000")? == before);
+    ensure!(raw.get("fencecheck/epoch-floor")?.is_none());
+    clock.advance(TTL);
+    let next = granted(c.acquire("lock-000", "b", TTL)?)?;
+    ensure!(next.token == Token::new(c.authority(), 0, 2), "{next:?}");
+    Ok(())
+}
