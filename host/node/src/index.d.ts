@@ -75,7 +75,7 @@ export class FencecheckError extends Error {}
 /** The check could not decide; nothing may change; never retryable. */
 export class FenceError extends FencecheckError {
   /** The WIT error case. */
-  readonly code: FenceErrorCode | 'lock-mismatch';
+  readonly code: FenceErrorCode;
   /** The sub-case (`missing-token`, `checksum-mismatch`, ...), if any. */
   readonly reason: string | undefined;
   /** The case's payload: the format version, the stored scope, {stored, presented}. */
@@ -84,7 +84,12 @@ export class FenceError extends FencecheckError {
 }
 
 /** A lease call could not decide; nothing may change; never retryable. */
-export class LeaseError extends FenceError {}
+export class LeaseError extends FencecheckError {
+  readonly code: 'invalid-request' | 'corrupt-state' | 'unsupported-state-version' | 'lock-mismatch' | 'foreign-authority' | 'exhausted';
+  readonly reason: string | undefined;
+  readonly detail: unknown;
+  readonly retryable: false;
+}
 
 /** Infrastructure failure: no decision was obtained. May be retried. */
 export class HostError extends FencecheckError {

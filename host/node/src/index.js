@@ -39,8 +39,21 @@ export class FenceError extends FencecheckError {
   }
 }
 
-/** A lease call could not decide; nothing may change; never retryable. */
-export class LeaseError extends FenceError {}
+/**
+ * A lease call could not decide; nothing may change; never retryable. Same
+ * fields as FenceError (`code`: `invalid-request`, `corrupt-state`,
+ * `unsupported-state-version`, `lock-mismatch`, `foreign-authority`,
+ * `exhausted`), but a separate class, as in the Python host.
+ */
+export class LeaseError extends FencecheckError {
+  constructor(code, reason, detail) {
+    super(code + (reason ? ` (${reason})` : '') + (detail !== undefined ? `: ${describeDetail(detail)}` : ''));
+    this.code = code;
+    this.reason = reason;
+    this.detail = detail;
+    this.retryable = false;
+  }
+}
 
 /** Infrastructure failure: no decision was obtained. May be retried. */
 export class HostError extends FencecheckError {

@@ -11,7 +11,9 @@
 
 import { readFileSync } from 'node:fs';
 import { isInteger, parse as losslessParse } from 'lossless-json';
-import { FenceError, HostError, U64_MAX } from './index.js';
+import { FenceError, HostError, LeaseError, U64_MAX } from './index.js';
+
+const isRefusal = (o) => o instanceof FenceError || o instanceof LeaseError;
 
 /** The file (or a line) is not well-formed. */
 export class VectorFormatError extends Error {
@@ -213,9 +215,9 @@ function fieldPair(expect, key, got) {
 
 /** Compare an outcome with the fields `expect` names; throws on a mismatch. */
 export function compare(expect, o) {
-  const got = o instanceof FenceError ? 'error' : o.outcome;
+  const got = isRefusal(o) ? 'error' : o.outcome;
   if (expect.outcome !== got) throw new Mismatch(`expected ${expect.outcome}, got ${describe(o)}`);
-  if (o instanceof FenceError) {
+  if (isRefusal(o)) {
     field('error', optStr(expect, 'error'), o.code);
     field('reason', optStr(expect, 'reason'), o.reason ?? 'none');
     return;
@@ -261,7 +263,7 @@ function runLease(action, args, state, guest) {
     if (action === 'release') return guest.release(state, args);
     return guest.restore(state);
   } catch (e) {
-    if (e instanceof FenceError) return e;
+    if (e instanceof LeaseError) return e;
     throw e;
   }
 }
