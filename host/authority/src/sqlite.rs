@@ -259,8 +259,12 @@ impl Coordinator for SqliteCoordinator {
             .max(at_least);
         let mut restored = Vec::with_capacity(locks.len());
         for (lock, state) in locks {
-            // Any damaged lock state aborts the whole restore: better no new
-            // epoch than a partial one.
+            // Any damaged or misfiled lock state aborts the whole restore:
+            // better no new epoch than a partial one.
+            let stored = guest.inspect_lease(&state)??;
+            if stored.lock != lock {
+                return Err(fencecheck::LeaseError::LockMismatch(stored.lock).into());
+            }
             let (epoch, next) = guest.restore(Some(&state))??;
             new_floor = new_floor.max(epoch);
             restored.push((lock, next));

@@ -201,3 +201,39 @@ fn concurrent_coordinators_issue_one_increasing_sequence() -> Result<()> {
     ensure!(distinct.len() == 160);
     Ok(())
 }
+
+/// A lock state filed under another lock's key makes `restore` refuse
+/// everything and change nothing (no partial epoch).
+#[test]
+fn restore_refuses_a_misfiled_state() -> Result<()> {
+    let dir = TempDir::new("restore-misfiled")?;
+    let db = dir.join("coordinator.db");
+    let world = World::on_file(&db)?;
+    grant(world.coordinator.acquire(LOCK, "a", 1_000)?)?;
+    let conn = rusqlite::Connection::open(&db)?;
+    conn.execute(
+        "INSERT INTO fencecheck_leases (lock, state)
+         SELECT 'report/august', state FROM fencecheck_leases WHERE lock = ?1",
+        [LOCK],
+    )?;
+    let before: Vec<Vec<u8>> = conn
+        .prepare("SELECT state FROM fencecheck_leases ORDER BY lock")?
+        .query_map([], |r| r.get(0))?
+        .collect::<Result<_, _>>()?;
+    match world.coordinator.restore(0) {
+        Err(fencecheck_authority::AuthorityError::Refused {
+            error: fencecheck::LeaseError::LockMismatch(found),
+        }) => ensure!(found == LOCK),
+        other => bail!("expected a lock mismatch, got {other:?}"),
+    }
+    let after: Vec<Vec<u8>> = conn
+        .prepare("SELECT state FROM fencecheck_leases ORDER BY lock")?
+        .query_map([], |r| r.get(0))?
+        .collect::<Result<_, _>>()?;
+    ensure!(before == after, "a refused restore changed a lock");
+    let floor: i64 = conn.query_row("SELECT epoch_floor FROM fencecheck_authority", [], |r| {
+        r.get(0)
+    })?;
+    ensure!(floor == 0);
+    Ok(())
+}
