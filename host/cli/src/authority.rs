@@ -1,6 +1,6 @@
 //! `fencecheck authority …`: the SQLite lease coordinator from the shell.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 
@@ -68,7 +68,7 @@ pub enum Authority {
 
 const BUSY: u8 = 3;
 
-fn open(runtime: &Runtime, db: &PathBuf) -> Result<SqliteCoordinator> {
+fn open(runtime: &Runtime, db: &Path) -> Result<SqliteCoordinator> {
     SqliteCoordinator::open(db, runtime.clone(), Arc::new(SystemClock))
         .with_context(|| format!("opening the coordinator at {}", db.display()))
 }
