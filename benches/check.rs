@@ -1,5 +1,6 @@
-//! One fence check through wasmtime against the native reference, and
-//! `check-batch` per check. Reproduce: `cargo bench -p fencecheck-benches --bench check`.
+//! One fence check through wasmtime against the native reference, and a
+//! batch per check: `check-packed` (what `Instance::check_batch` uses) and the
+//! typed `check-batch`. Reproduce: `cargo bench -p fencecheck-benches --bench check`.
 //!
 //! The workload is the common case: a scope that has accepted token 0.41 and a
 //! request presenting 0.42, so the guest decodes the state, decides `applied`
@@ -52,8 +53,13 @@ fn bench(c: &mut Criterion) -> anyhow::Result<()> {
     batch.bench_with_input(BenchmarkId::new("native", BATCH), &items, |b, items| {
         b.iter(|| Native.check_batch(black_box(items)))
     });
-    batch.bench_with_input(BenchmarkId::new("wasm", BATCH), &items, |b, items| {
-        b.iter(|| wasm.check_batch(black_box(items)))
+    batch.bench_with_input(
+        BenchmarkId::new("wasm-packed", BATCH),
+        &items,
+        |b, items| b.iter(|| wasm.check_batch(black_box(items))),
+    );
+    batch.bench_with_input(BenchmarkId::new("wasm-typed", BATCH), &items, |b, items| {
+        b.iter(|| wasm.check_batch_typed(black_box(items)))
     });
     batch.finish();
     Ok(())

@@ -76,7 +76,7 @@ fn trap_is_an_error_and_the_instance_recovers() -> Result<()> {
     let request = Request::new(big.as_str(), Token::new(0, 0, 1), Policy::Strict);
     let items: Vec<(Option<&[u8]>, &Request)> = (0..4000).map(|_| (None, &request)).collect();
     match guest.check_batch(&items) {
-        Err(Error::Trapped { call, .. }) => ensure!(call == "check-batch"),
+        Err(Error::Trapped { call, .. }) => ensure!(call == "check-packed", "{call}"),
         other => bail!("expected a trap, got {other:?}"),
     }
     let ok = Request::new("report/july", Token::new(0, 0, 1), Policy::Strict);

@@ -146,6 +146,63 @@ proptest! {
         }
     }
 
+    /// A random batch gives the same outcomes, item by item, through single
+    /// `check` calls, the typed `check-batch`, the packed `check-packed`, and
+    /// the native reference: the packed transport changes nothing.
+    #[test]
+    fn batches_agree_with_single_checks(
+        requests in prop::collection::vec(request(), 0..40),
+        seeds in prop::collection::vec(prop::collection::vec(request(), 1..4), 1..4),
+        damages in prop::collection::vec(damage(), 0..4),
+    ) {
+        let mut wasm = runtime().map_err(|e| TestCaseError::fail(format!("{e:#}")))?.instance()
+            .map_err(|e| TestCaseError::fail(format!("{e}")))?;
+        // A few stored states to check against: built by applying seed
+        // sequences, some of them then damaged.
+        let mut states: Vec<Option<Vec<u8>>> = vec![None];
+        for seq in &seeds {
+            let mut state: Option<Vec<u8>> = None;
+            for r in seq {
+                if let Ok(Ok(Decision::Applied { state: next, .. })) = Native.check(state.as_deref(), r) {
+                    state = Some(next);
+                }
+            }
+            if let Some(bytes) = &state {
+                for d in &damages {
+                    states.push(Some(damaged(bytes, *d)));
+                }
+            }
+            states.push(state);
+        }
+        let items: Vec<(Option<&[u8]>, &Request)> = requests
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (states[i % states.len()].as_deref(), r))
+            .collect();
+        let single: Vec<fencecheck::Outcome> = items
+            .iter()
+            .map(|(s, r)| wasm.check(*s, r))
+            .collect::<Result<_, _>>()
+            .map_err(|e| TestCaseError::fail(format!("{e}")))?;
+        let packed = wasm.check_batch(&items).map_err(|e| TestCaseError::fail(format!("{e}")))?;
+        let typed = wasm.check_batch_typed(&items).map_err(|e| TestCaseError::fail(format!("{e}")))?;
+        let native = Native.check_batch(&items).map_err(|e| TestCaseError::fail(format!("{e}")))?;
+        prop_assert_eq!(&packed, &single);
+        prop_assert_eq!(&typed, &single);
+        prop_assert_eq!(&native, &single);
+    }
+
+    /// Arbitrary bytes sent to `check-packed` never trap the guest, and wasm
+    /// answers exactly what the native reference answers (usually `malformed`).
+    #[test]
+    fn arbitrary_packed_batches_never_trap(bytes in prop::collection::vec(any::<u8>(), 0..400)) {
+        let mut wasm = runtime().map_err(|e| TestCaseError::fail(format!("{e:#}")))?.instance()
+            .map_err(|e| TestCaseError::fail(format!("{e}")))?;
+        let on_wasm = wasm.check_packed_raw(&bytes)
+            .map_err(|e| TestCaseError::fail(format!("guest failed: {e}")))?;
+        prop_assert_eq!(on_wasm, fencecheck_guest::check_packed(&bytes));
+    }
+
     /// Arbitrary bytes as state never trap the guest and never decide
     /// anything but an error (they are never a valid, checksummed frame here).
     #[test]

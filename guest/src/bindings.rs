@@ -36,6 +36,11 @@ impl wit::Guest for Component {
     fn inspect(state: Vec<u8>) -> Result<wit::StateInfo, wit::CheckError> {
         crate::inspect(&state).map(info_out).map_err(error_out)
     }
+
+    fn check_packed(batch: Vec<u8>) -> Result<Vec<u8>, wit::BatchError> {
+        crate::check_packed(&batch)
+            .map_err(|crate::BatchError::Malformed| wit::BatchError::Malformed)
+    }
 }
 
 fn decide(state: Option<&[u8]>, request: wit::Request) -> Result<wit::Decision, wit::CheckError> {

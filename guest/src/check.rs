@@ -4,8 +4,39 @@ use core::cmp::Ordering;
 
 use crate::state::{Entry, State, WINDOW_CAPACITY};
 use crate::types::{
-    CheckError, Decision, InvalidReason, MAX_OP_ID_BYTES, MAX_SCOPE_BYTES, Policy, Request,
+    CheckError, Decision, InvalidReason, MAX_OP_ID_BYTES, MAX_SCOPE_BYTES, Policy, Request, Token,
 };
+
+/// A request with borrowed strings: what the rules actually need, so a
+/// packed batch can be decided without copying its strings.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RequestRef<'r> {
+    pub scope: &'r str,
+    pub token: Token,
+    pub policy: Policy,
+    pub op_id: Option<&'r str>,
+    pub expected_version: Option<u64>,
+}
+
+impl<'r> From<&'r Request> for RequestRef<'r> {
+    fn from(r: &'r Request) -> Self {
+        RequestRef {
+            scope: &r.scope,
+            token: r.token,
+            policy: r.policy,
+            op_id: r.op_id.as_deref(),
+            expected_version: r.expected_version,
+        }
+    }
+}
+
+/// The rules' answer before the new state is encoded: the caller chooses
+/// where its bytes go (a fresh `Vec`, or a batch's output buffer).
+#[derive(Debug)]
+pub(crate) enum Verdict<'s> {
+    Applied { version: u64, next: State<'s> },
+    Decided(Decision),
+}
 
 /// Decide one request against a scope's stored state (`None` if the scope has
 /// never accepted a token).
@@ -13,8 +44,23 @@ use crate::types::{
 /// Only [`Decision::Applied`] asks the host to change anything: it must apply
 /// the mutation and store the returned state in the same transaction.
 pub fn check(state: Option<&[u8]>, request: &Request) -> Result<Decision, CheckError> {
+    Ok(match decide(state, RequestRef::from(request))? {
+        Verdict::Applied { version, next } => Decision::Applied {
+            version,
+            highest: next.highest,
+            state: next.encode(),
+        },
+        Verdict::Decided(decision) => decision,
+    })
+}
+
+/// The rules, in order, over borrowed inputs.
+pub(crate) fn decide<'s>(
+    state: Option<&'s [u8]>,
+    request: RequestRef<'s>,
+) -> Result<Verdict<'s>, CheckError> {
     // Rule 1: the request itself.
-    validate(request).map_err(CheckError::InvalidRequest)?;
+    validate(&request).map_err(CheckError::InvalidRequest)?;
 
     // Rule 2: the stored state, its scope and its authority.
     let current = match state {
@@ -37,29 +83,28 @@ pub fn check(state: Option<&[u8]>, request: &Request) -> Result<Decision, CheckE
             match request.token.grant_order(&current.highest) {
                 // Rule 4.
                 Ordering::Less => {
-                    return Ok(Decision::StaleFence {
+                    return Ok(Verdict::Decided(Decision::StaleFence {
                         presented: request.token,
                         highest: current.highest,
-                    });
+                    }));
                 }
                 Ordering::Equal => {
                     // Rule 5: a repeat of an applied op-id, under any policy.
                     let seen = request
                         .op_id
-                        .as_deref()
                         .and_then(|op| current.window.iter().find(|e| e.op_id == op));
                     if let Some(entry) = seen {
-                        return Ok(Decision::Duplicate {
+                        return Ok(Verdict::Decided(Decision::Duplicate {
                             version: entry.version,
-                        });
+                        }));
                     }
                     match request.policy {
                         // Rule 6: the grant was already used.
                         Policy::Strict => {
-                            return Ok(Decision::StaleFence {
+                            return Ok(Verdict::Decided(Decision::StaleFence {
                                 presented: request.token,
                                 highest: current.highest,
-                            });
+                            }));
                         }
                         // Rule 7: same-token writes need an ordering guard.
                         Policy::AllowEqual
@@ -82,16 +127,16 @@ pub fn check(state: Option<&[u8]>, request: &Request) -> Result<Decision, CheckE
     if let Some(expected) = request.expected_version
         && expected != version
     {
-        return Ok(Decision::VersionConflict {
+        return Ok(Verdict::Decided(Decision::VersionConflict {
             expected,
             actual: version,
-        });
+        }));
     }
 
     // Rule 9.
     let next = version.checked_add(1).ok_or(CheckError::Exhausted)?;
     let mut window = window;
-    if let Some(op_id) = request.op_id.as_deref() {
+    if let Some(op_id) = request.op_id {
         if window.len() >= WINDOW_CAPACITY {
             window.remove(0);
         }
@@ -100,20 +145,18 @@ pub fn check(state: Option<&[u8]>, request: &Request) -> Result<Decision, CheckE
             version: next,
         });
     }
-    let state = State {
-        scope: &request.scope,
-        highest: request.token,
+    Ok(Verdict::Applied {
         version: next,
-        window,
-    };
-    Ok(Decision::Applied {
-        version: next,
-        highest: request.token,
-        state: state.encode(),
+        next: State {
+            scope: request.scope,
+            highest: request.token,
+            version: next,
+            window,
+        },
     })
 }
 
-fn validate(request: &Request) -> Result<(), InvalidReason> {
+fn validate(request: &RequestRef<'_>) -> Result<(), InvalidReason> {
     if request.token.is_missing() {
         return Err(InvalidReason::MissingToken);
     }
@@ -123,7 +166,7 @@ fn validate(request: &Request) -> Result<(), InvalidReason> {
     if request.scope.len() > MAX_SCOPE_BYTES {
         return Err(InvalidReason::ScopeTooLong);
     }
-    match request.op_id.as_deref() {
+    match request.op_id {
         Some("") => Err(InvalidReason::EmptyOpId),
         Some(op) if op.len() > MAX_OP_ID_BYTES => Err(InvalidReason::OpIdTooLong),
         _ => Ok(()),

@@ -33,42 +33,48 @@ impl From<Corruption> for FrameError {
     }
 }
 
-/// Writes one frame: header, then the body written by the caller, then the
-/// length and CRC on `finish`.
-pub(crate) struct Writer(Vec<u8>);
+/// Appends one frame to a buffer: header, then the body written by the
+/// caller, then the length and CRC on `finish`. Appending (rather than owning
+/// a buffer) lets a batch write many frames into one output.
+pub(crate) struct Writer<'v> {
+    out: &'v mut Vec<u8>,
+    start: usize,
+}
 
-impl Writer {
-    pub(crate) fn new(magic: [u8; 2], body_capacity: usize) -> Self {
-        let mut out = Vec::with_capacity(body_capacity.saturating_add(HEADER_LEN + CRC_LEN));
+impl<'v> Writer<'v> {
+    pub(crate) fn new(out: &'v mut Vec<u8>, magic: [u8; 2], body_capacity: usize) -> Self {
+        out.reserve(body_capacity.saturating_add(HEADER_LEN + CRC_LEN));
+        let start = out.len();
         out.extend_from_slice(&magic);
         out.push(FORMAT_VERSION);
         out.extend_from_slice(&[0; 4]); // total length, patched by `finish`
-        Writer(out)
+        Writer { out, start }
     }
 
     pub(crate) fn u8(&mut self, v: u8) {
-        self.0.push(v);
+        self.out.push(v);
     }
 
     pub(crate) fn u64(&mut self, v: u64) {
-        self.0.extend_from_slice(&v.to_le_bytes());
+        self.out.extend_from_slice(&v.to_le_bytes());
     }
 
     /// A u16-length-prefixed string. Callers keep strings within their
     /// validated limits (at most 1024 bytes), so the length always fits.
     pub(crate) fn str(&mut self, s: &str) {
-        self.0.extend_from_slice(&(s.len() as u16).to_le_bytes());
-        self.0.extend_from_slice(s.as_bytes());
+        self.out.extend_from_slice(&(s.len() as u16).to_le_bytes());
+        self.out.extend_from_slice(s.as_bytes());
     }
 
-    pub(crate) fn finish(mut self) -> Vec<u8> {
-        let total = self.0.len().saturating_add(CRC_LEN) as u32;
-        if let Some(len_field) = self.0.get_mut(3..7) {
-            len_field.copy_from_slice(&total.to_le_bytes());
+    pub(crate) fn finish(self) {
+        let frame_len = self.out.len().saturating_sub(self.start);
+        let total = frame_len.saturating_add(CRC_LEN) as u32;
+        let len_at = self.start.saturating_add(3);
+        if let Some(field) = self.out.get_mut(len_at..len_at.saturating_add(4)) {
+            field.copy_from_slice(&total.to_le_bytes());
         }
-        let crc = crc32c(&self.0);
-        self.0.extend_from_slice(&crc.to_le_bytes());
-        self.0
+        let crc = crc32c(self.out.get(self.start..).unwrap_or_default());
+        self.out.extend_from_slice(&crc.to_le_bytes());
     }
 }
 

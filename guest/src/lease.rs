@@ -227,7 +227,9 @@ impl LeaseState {
             .holder
             .as_ref()
             .map_or(0, |h| h.lease_id.len().saturating_add(26));
+        let mut out = Vec::new();
         let mut w = Writer::new(
+            &mut out,
             MAGIC,
             holder_len
                 .saturating_add(27)
@@ -247,7 +249,8 @@ impl LeaseState {
                 w.u64(h.expires_at);
             }
         }
-        w.finish()
+        w.finish();
+        out
     }
 
     fn decode(bytes: &[u8]) -> Result<LeaseState, LeaseError> {

@@ -12,6 +12,7 @@
 //! - `check`: the fence check's decision rules (DESIGN.md), in order.
 //! - `lease`: the lease authority's grant rules and the lease state encoding.
 //! - `frame`: the checksummed frame both encodings share.
+//! - `packed`: `check-packed`, many checks over one byte buffer each way.
 //! - `crc`: CRC-32C, hand-written to keep the component small.
 //! - `bindings` (wasm only): the wit-bindgen exports, a thin conversion layer.
 //!
@@ -46,6 +47,7 @@ mod check;
 mod crc;
 mod frame;
 mod lease;
+mod packed;
 mod state;
 mod types;
 
@@ -56,6 +58,7 @@ pub use lease::{
     MAX_LOCK_BYTES, Release, ReleaseRequest, Renew, RenewRequest, acquire, inspect_lease, release,
     renew, restore,
 };
+pub use packed::{BatchError, check_packed};
 pub use state::{WINDOW_CAPACITY, inspect};
 pub use types::{
     CheckError, Corruption, Decision, InvalidReason, MAX_OP_ID_BYTES, MAX_SCOPE_BYTES, Policy,

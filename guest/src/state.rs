@@ -56,12 +56,20 @@ impl<'a> State<'a> {
     /// The canonical bytes of this state. Callers uphold the invariants that
     /// `decode` checks (lengths within limits), so every length fits its field.
     pub(crate) fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        self.encode_into(&mut out);
+        out
+    }
+
+    /// Append the canonical bytes of this state to `out`.
+    pub(crate) fn encode_into(&self, out: &mut Vec<u8>) {
         let window_bytes: usize = self
             .window
             .iter()
             .map(|e| e.op_id.len().saturating_add(10))
             .sum();
         let mut w = Writer::new(
+            out,
             MAGIC,
             window_bytes
                 .saturating_add(35)

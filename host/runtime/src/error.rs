@@ -32,6 +32,16 @@ pub enum Error {
         /// wasmtime's description of the trap.
         message: String,
     },
+    /// The guest answered with bytes that do not follow the packed format
+    /// (or refused the host's encoding). A bug on one side; nothing was
+    /// decided from it.
+    #[error("`{call}` broke the packed format: {message}")]
+    Protocol {
+        /// The export being called.
+        call: &'static str,
+        /// What did not follow the format.
+        message: String,
+    },
     /// The call's inputs exceed the transport bound of [`crate::Limits`]; it was
     /// not sent to the guest.
     #[error("call to `{call}` carries {bytes} bytes, above the {limit}-byte bound")]

@@ -47,13 +47,14 @@
 #![deny(clippy::expect_used, clippy::panic)]
 
 mod error;
+mod packed;
 mod runtime;
 mod text;
 pub mod vectors;
 
 pub use error::Error;
 pub use fencecheck_guest::{
-    Acquire, AcquireRequest, CheckError, Corruption, Decision, FORMAT_VERSION, Holder,
+    Acquire, AcquireRequest, BatchError, CheckError, Corruption, Decision, FORMAT_VERSION, Holder,
     InvalidReason, LeaseError, LeaseInfo, LeaseInvalidReason, MAX_LEASE_ID_BYTES, MAX_LOCK_BYTES,
     MAX_OP_ID_BYTES, MAX_SCOPE_BYTES, Policy, Release, ReleaseRequest, Renew, RenewRequest,
     Request, StateInfo, Token, WINDOW_CAPACITY, WindowEntry,

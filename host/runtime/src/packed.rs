@@ -1,0 +1,169 @@
+//! The host half of `check-packed` (format: `wit/fence.wit`): encode a batch
+//! of requests, decode the guest's outcomes. The guest half is
+//! `guest/src/packed.rs`; `tests/properties.rs` checks the round trip
+//! against `check` item by item.
+
+use crate::{CheckError, Corruption, Decision, InvalidReason, Outcome, Policy, Request, Token};
+
+const HAS_STATE: u8 = 1;
+const HAS_OP_ID: u8 = 1 << 1;
+const HAS_EXPECTED: u8 = 1 << 2;
+const ALLOW_EQUAL: u8 = 1 << 3;
+
+/// Encode `items` as a packed batch. `None` if a count or length does not fit
+/// its u32 field (far beyond any transport bound).
+pub(crate) fn encode(items: &[(Option<&[u8]>, &Request)]) -> Option<Vec<u8>> {
+    let size: usize = items
+        .iter()
+        .map(|(s, r)| {
+            45usize
+                .saturating_add(s.map_or(0, <[u8]>::len))
+                .saturating_add(r.scope.len())
+                .saturating_add(r.op_id.as_ref().map_or(0, String::len))
+        })
+        .fold(4, usize::saturating_add);
+    let mut out = Vec::with_capacity(size);
+    out.extend_from_slice(&u32::try_from(items.len()).ok()?.to_le_bytes());
+    for (state, request) in items {
+        let mut flags = 0;
+        if state.is_some() {
+            flags |= HAS_STATE;
+        }
+        if request.op_id.is_some() {
+            flags |= HAS_OP_ID;
+        }
+        if request.expected_version.is_some() {
+            flags |= HAS_EXPECTED;
+        }
+        if request.policy == Policy::AllowEqual {
+            flags |= ALLOW_EQUAL;
+        }
+        out.push(flags);
+        for v in [
+            request.token.authority,
+            request.token.epoch,
+            request.token.counter,
+        ] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        if let Some(v) = request.expected_version {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        put_bytes(&mut out, request.scope.as_bytes())?;
+        if let Some(op) = &request.op_id {
+            put_bytes(&mut out, op.as_bytes())?;
+        }
+        if let Some(s) = state {
+            put_bytes(&mut out, s)?;
+        }
+    }
+    Some(out)
+}
+
+fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) -> Option<()> {
+    out.extend_from_slice(&u32::try_from(bytes.len()).ok()?.to_le_bytes());
+    out.extend_from_slice(bytes);
+    Some(())
+}
+
+/// Decode the guest's packed outcomes; `Err` describes the first thing that
+/// does not follow the format (a guest bug: never guess an outcome).
+pub(crate) fn decode(bytes: &[u8], expected: usize) -> Result<Vec<Outcome>, String> {
+    let mut r = Cursor(bytes);
+    let count = r.u32()? as usize;
+    if count != expected {
+        return Err(format!("{count} results for {expected} items"));
+    }
+    let mut outcomes = Vec::with_capacity(count);
+    for _ in 0..count {
+        outcomes.push(match r.u8()? {
+            0 => {
+                let version = r.u64()?;
+                let highest = r.token()?;
+                let len = r.u32()? as usize;
+                Ok(Decision::Applied {
+                    version,
+                    highest,
+                    state: r.take(len)?.to_vec(),
+                })
+            }
+            1 => Ok(Decision::Duplicate { version: r.u64()? }),
+            2 => Ok(Decision::StaleFence {
+                presented: r.token()?,
+                highest: r.token()?,
+            }),
+            3 => Ok(Decision::VersionConflict {
+                expected: r.u64()?,
+                actual: r.u64()?,
+            }),
+            128 => Err(CheckError::InvalidRequest(match r.u8()? {
+                0 => InvalidReason::MissingToken,
+                1 => InvalidReason::EmptyScope,
+                2 => InvalidReason::ScopeTooLong,
+                3 => InvalidReason::EmptyOpId,
+                4 => InvalidReason::OpIdTooLong,
+                5 => InvalidReason::EqualTokenUnguarded,
+                other => return Err(format!("unknown invalid-reason {other}")),
+            })),
+            129 => Err(CheckError::CorruptState(match r.u8()? {
+                0 => Corruption::Truncated,
+                1 => Corruption::LengthMismatch,
+                2 => Corruption::ChecksumMismatch,
+                3 => Corruption::Malformed,
+                other => return Err(format!("unknown corruption {other}")),
+            })),
+            130 => Err(CheckError::UnsupportedStateVersion(r.u8()?)),
+            131 => {
+                let len = r.u32()? as usize;
+                let scope = std::str::from_utf8(r.take(len)?)
+                    .map_err(|_| "scope-mismatch scope is not UTF-8".to_string())?;
+                Err(CheckError::ScopeMismatch(scope.to_owned()))
+            }
+            132 => Err(CheckError::ForeignAuthority {
+                stored: r.u64()?,
+                presented: r.u64()?,
+            }),
+            133 => Err(CheckError::Exhausted),
+            other => return Err(format!("unknown outcome tag {other}")),
+        });
+    }
+    if !r.0.is_empty() {
+        return Err(format!("{} trailing bytes", r.0.len()));
+    }
+    Ok(outcomes)
+}
+
+struct Cursor<'a>(&'a [u8]);
+
+impl<'a> Cursor<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
+        let (head, rest) = self
+            .0
+            .split_at_checked(n)
+            .ok_or_else(|| "truncated output".to_string())?;
+        self.0 = rest;
+        Ok(head)
+    }
+
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], String> {
+        self.take(N)?
+            .try_into()
+            .map_err(|_| "truncated output".to_string())
+    }
+
+    fn u8(&mut self) -> Result<u8, String> {
+        Ok(self.array::<1>()?[0])
+    }
+
+    fn u32(&mut self) -> Result<u32, String> {
+        Ok(u32::from_le_bytes(self.array()?))
+    }
+
+    fn u64(&mut self) -> Result<u64, String> {
+        Ok(u64::from_le_bytes(self.array()?))
+    }
+
+    fn token(&mut self) -> Result<Token, String> {
+        Ok(Token::new(self.u64()?, self.u64()?, self.u64()?))
+    }
+}
