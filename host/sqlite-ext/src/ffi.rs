@@ -342,7 +342,8 @@ unsafe fn dispatch(ctx: *mut Context, argc: c_int, argv: *mut *mut Value, functi
     let outcome = catch_unwind(AssertUnwindSafe(|| {
         // SAFETY: user data is the `Arc<PerConnection>` boxed in `init`,
         // alive until SQLite calls `destroy`, after the last call.
-        let shared = unsafe { &*(api.user_data)(ctx).cast::<Arc<PerConnection>>() };
+        let shared = unsafe { (api.user_data)(ctx).cast::<Arc<PerConnection>>().as_ref() }
+            .ok_or_else(|| SqlError("runtime-error: function called without its state".into()))?;
         // SAFETY: SQLite's arguments for this call.
         let args = unsafe { read_args(&api, argc, argv) };
         let mut instance = shared.lock()?;

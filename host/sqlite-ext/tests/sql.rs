@@ -257,8 +257,8 @@ fn connections_on_many_threads() -> Result<()> {
     Ok(())
 }
 
-/// Closing the connection that loaded the extension does not unload it
-/// (linked `-z nodelete`): a new connection loads it again and works.
+/// After the connection that loaded the extension closes, a new connection
+/// loads it again and works (the process-wide runtime is reused).
 #[test]
 fn reload_after_close() -> Result<()> {
     for round in 0..3 {
@@ -272,4 +272,61 @@ fn reload_after_close() -> Result<()> {
         conn.close().map_err(|(_, e)| e)?;
     }
     Ok(())
+}
+
+/// The library is linked `-z nodelete` (build.rs), so closing the last
+/// connection never unmaps the code that wasmtime's signal handlers and the
+/// process-wide runtime point into: DT_FLAGS_1 carries DF_1_NODELETE.
+#[cfg(all(
+    target_os = "linux",
+    target_endian = "little",
+    target_pointer_width = "64"
+))]
+#[test]
+fn library_is_never_unloaded() -> Result<()> {
+    const PT_DYNAMIC: u32 = 2;
+    const DT_FLAGS_1: u64 = 0x6fff_fffb;
+    const DF_1_NODELETE: u64 = 0x8;
+    let elf = std::fs::read(extension()?)?;
+    let u16_at = |o: usize| -> Result<u64> {
+        Ok(u16::from_le_bytes(elf.get(o..o + 2).context("short ELF")?.try_into()?).into())
+    };
+    let u32_at = |o: usize| -> Result<u64> {
+        Ok(u32::from_le_bytes(elf.get(o..o + 4).context("short ELF")?.try_into()?).into())
+    };
+    let u64_at = |o: usize| -> Result<u64> {
+        Ok(u64::from_le_bytes(
+            elf.get(o..o + 8).context("short ELF")?.try_into()?,
+        ))
+    };
+    ensure!(
+        elf.starts_with(b"\x7fELF\x02\x01"),
+        "not a 64-bit little-endian ELF"
+    );
+    let (phoff, phentsize, phnum) = (
+        u64_at(0x20)? as usize,
+        u16_at(0x36)? as usize,
+        u16_at(0x38)?,
+    );
+    for i in 0..phnum as usize {
+        let ph = phoff + i * phentsize;
+        if u32_at(ph)? != PT_DYNAMIC as u64 {
+            continue;
+        }
+        let (offset, size) = (u64_at(ph + 8)? as usize, u64_at(ph + 32)? as usize);
+        for entry in (offset..offset + size).step_by(16) {
+            match u64_at(entry)? {
+                0 => break,
+                DT_FLAGS_1 => {
+                    ensure!(
+                        u64_at(entry + 8)? & DF_1_NODELETE != 0,
+                        "DF_1_NODELETE not set"
+                    );
+                    return Ok(());
+                }
+                _ => {}
+            }
+        }
+    }
+    bail!("no DT_FLAGS_1 entry: the library was not linked -z nodelete")
 }

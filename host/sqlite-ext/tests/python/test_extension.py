@@ -221,14 +221,16 @@ class Extension(unittest.TestCase):
         self.assertEqual(errors, [])
         self.assertEqual(len(set(results.values())), 1, "threads disagree")
 
-    def test_library_stays_loaded_after_close(self):
-        """Closing every connection does not unmap the library; it loads again."""
+    def test_loads_again_after_close(self):
+        """After the loading connection closes, a new one loads it and works.
+
+        (That the library is never unmapped is checked on the ELF flags by
+        the Rust test `library_is_never_unloaded`: glibc may keep it mapped
+        anyway, so /proc/self/maps here could not tell.)
+        """
         self.conn.close()
-        with open("/proc/self/maps") as maps:
-            self.assertIn(os.path.realpath(EXT), maps.read())
         self.conn = with_catalog(connect())
         self.assertEqual(publish(self.conn, "0.41", "again"), 1)
-
 
 if __name__ == "__main__":
     unittest.main()
