@@ -212,7 +212,11 @@ where
                 .map_err(sql("storing the fence state"))?;
         }
         Store::Publish { object, at_ms } => {
-            let statement = if exists { UPDATE_PUBLISH } else { INSERT_PUBLISH };
+            let statement = if exists {
+                UPDATE_PUBLISH
+            } else {
+                INSERT_PUBLISH
+            };
             let changed = tx
                 .prepare_cached(statement)
                 .and_then(|mut s| {
