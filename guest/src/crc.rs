@@ -9,10 +9,11 @@
 const POLY: u32 = 0x82F6_3B78;
 
 // Evaluated at compile time, where an out-of-bounds index is a build error.
+// A `static`, not a `const`: lookups must read one table, never a copy.
 // TABLES[0] is the classic byte table; TABLES[k][b] is the CRC of byte `b`
 // followed by `k` zero bytes.
 #[allow(clippy::indexing_slicing, clippy::arithmetic_side_effects)]
-const TABLES: [[u32; 256]; 8] = {
+static TABLES: [[u32; 256]; 8] = {
     let mut tables = [[0u32; 256]; 8];
     let mut i = 0usize;
     while i < 256 {
