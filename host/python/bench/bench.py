@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Calls per second and cost per check through wasmtime-py, single and batched
-(check-batch of 256), on the workload of benches/check.rs: scope report/july
+(256 per call: the public ``check_batch`` over check-packed, and the typed
+check-batch export it replaced), on the workload of benches/check.rs: scope report/july
 has accepted 0.41, the request presents 0.42 under strict, so each check
 verifies the stored state and encodes a new one. Prints medians over RUNS timed
 runs (after a warm-up).
@@ -35,7 +36,9 @@ def main() -> None:
     items = [(first.state, request)] * BATCH
     cases = [
         ("single check", lambda: guest.check(first.state, request), 2000, 1),
-        (f"check-batch of {BATCH}, per check", lambda: guest.check_batch(items), 8, BATCH),
+        (f"check_batch of {BATCH} (check-packed), per check", lambda: guest.check_batch(items), 8, BATCH),
+        # The typed export, for comparison: one C-API value per field.
+        (f"typed check-batch of {BATCH}, per check", lambda: guest._check_batch_typed(items), 8, BATCH),
     ]
     version = sys.version.split()[0]
     print(f"fencecheck Python {version}, wasmtime-py {importlib.metadata.version('wasmtime')}, median of {RUNS} runs")

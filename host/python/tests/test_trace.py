@@ -40,6 +40,16 @@ def test_a_batch_traces_like_single_checks(guest):
     assert [strip(x) for x in batch[1:]] == [strip(x) for x in single[1:]]
 
 
+def test_batches_trace_the_same_through_packed_and_typed_exports(guest):
+    """check_batch (check-packed) and the typed check-batch print the same lines."""
+    seq = SEQ + ['{"batch":[{"slot":0,"check":{"scope":"s","token":[0,9]}},{"slot":1,"check":{"scope":"é","token":[0,1]}},'
+                 '{"slot":3,"check":{"scope":"","token":[0,1]}}]}']
+    packed, typed = io.StringIO(), io.StringIO()
+    trace.run(seq, guest, packed)
+    trace.run(seq, guest, typed, typed_batches=True)
+    assert packed.getvalue() == typed.getvalue() and '"item":2' in packed.getvalue()
+
+
 @pytest.mark.parametrize(
     "bad",
     [

@@ -25,6 +25,7 @@ from ._types import (
     LeaseOutcome,
     Lost,
     NotOwner,
+    PackedFormatError,
     Released,
     Renewed,
     Restored,
@@ -58,7 +59,7 @@ __all__ = [
     "Policy", "Request", "Token", "StateInfo", "WindowEntry",
     "FencecheckError", "FenceError", "InvalidRequest", "CorruptState",
     "UnsupportedStateVersion", "ScopeMismatch", "ForeignAuthority", "Exhausted",
-    "HostError", "ComponentLoadError", "GuestTrapped", "TooLarge",
+    "HostError", "ComponentLoadError", "GuestTrapped", "PackedFormatError", "TooLarge",
     "LEASE_INTERFACE", "Acquired", "Busy", "Renewed", "Lost", "Released", "NotOwner",
     "Restored", "LeaseOutcome", "LeaseError",
 ]

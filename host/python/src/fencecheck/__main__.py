@@ -2,6 +2,7 @@
 
     python -m fencecheck vectors FILE...   # ends with `N passed, N failed`
     python -m fencecheck trace FILE        # one canonical line per step
+    python -m fencecheck trace --batch typed FILE   # batches through typed check-batch
 """
 
 from __future__ import annotations
@@ -48,13 +49,17 @@ def main(argv: list[str] | None = None) -> int:
     v.add_argument("files", nargs="+")
     t = sub.add_parser("trace", help="run an agreement sequence (tests/agreement/README.md)")
     t.add_argument("file")
+    t.add_argument(
+        "--batch", choices=("packed", "typed"), default="packed",
+        help="the export batch lines go through: check-packed (as check_batch does) or typed check-batch",
+    )
     args = parser.parse_args(argv)
     try:
         if args.command == "vectors":
             return _vectors(args.files, args.component)
         from . import trace
 
-        return trace.main(args.file, Runtime(args.component).instance())
+        return trace.main(args.file, Runtime(args.component).instance(), typed_batches=args.batch == "typed")
     except FencecheckError as e:
         print(f"fencecheck: {e}", file=sys.stderr)
         return 1

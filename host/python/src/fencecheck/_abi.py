@@ -269,3 +269,31 @@ def lift_batch(result: Any, expected: int) -> list[Union[Decision, FenceError]]:
         raise ValueError(f"returned {n} results for {expected} items")
     raw = _read(data, n * VAL) if n else b""
     return [lift_outcome(raw[i * VAL : (i + 1) * VAL]) for i in range(n)]
+
+
+# -- check-packed: one list<u8> each way ---------------------------------------
+
+# The C API still carries a list<u8> as one 32-byte value per byte; writing
+# and reading those by stride is two slice operations, whatever the batch.
+_U8_KINDS = _U8_KIND * 4096
+
+
+def lower_bytes(data: bytes) -> tuple[Any, Any]:
+    """One ``list<u8>`` argument: (keep-alive, pointer to 1 value)."""
+    n = len(data)
+    buf, view, base = _buffer(VAL + n * VAL)
+    _VALUE.pack_into(buf, 0, LIST, n, base + VAL, 0)
+    if n:
+        buf[VAL::VAL] = _U8_KINDS[:n] if n <= len(_U8_KINDS) else _U8_KIND * n
+        buf[VAL + 8 :: VAL] = data
+    return (buf, view), ctypes.cast(base, ctypes.POINTER(_V))
+
+
+def lift_packed(result: Any) -> Union[bytes, str]:
+    """The result of ``check-packed``: the output bytes, or the
+    ``batch-error`` case name (a ``str``)."""
+    _, is_ok, val_at, _ = _VALUE.unpack(bytes(result))
+    _, w0, w1, _ = _VALUE.unpack(_read(val_at, VAL))
+    if is_ok & 0xFF:
+        return _read(w1, w0 * VAL)[8::VAL] if w0 else b""
+    return _read(w1, w0).decode()

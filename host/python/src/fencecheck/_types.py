@@ -233,6 +233,21 @@ class GuestTrapped(HostError):
         super().__init__(f"the fencecheck guest trapped in `{call}`: {message}")
 
 
+class PackedFormatError(HostError):
+    """A ``check-packed`` batch did not follow its byte format: the guest
+    refused this package's encoding (``side == "input"``, its ``batch-error
+    malformed``) or returned bytes this package cannot read (``"output"``).
+    Either is a bug in a host or the guest, never an outcome: no decision of
+    the batch is returned, and retrying the same batch will fail the same way."""
+
+    retryable = False
+
+    def __init__(self, side: str, message: str) -> None:
+        self.side, self.message = side, message
+        what = "refused the batch as malformed" if side == "input" else "returned a malformed batch"
+        super().__init__(f"check-packed {what}: {message}")
+
+
 class TooLarge(HostError):
     """The call's inputs exceed ``Limits.call_bytes``; it was not sent."""
 

@@ -55,10 +55,13 @@ def line(o: Outcome) -> str:
     return head
 
 
-def run(lines: Any, guest: Instance, out: TextIO) -> None:
+def run(lines: Any, guest: Instance, out: TextIO, *, typed_batches: bool = False) -> None:
     """Run a sequence (an iterable of text lines); raises VectorFormatError on
-    a malformed line and HostError when the guest cannot run."""
+    a malformed line and HostError when the guest cannot run. Batch lines go
+    through ``check_batch`` (check-packed), or with ``typed_batches`` through
+    the typed check-batch export."""
     slots: dict[int, bytes] = {}
+    check_batch = guest._check_batch_typed if typed_batches else guest.check_batch
     for n, text in enumerate(lines, start=1):
         try:
             step = json.loads(text, object_pairs_hook=_no_duplicate_keys)
@@ -73,7 +76,7 @@ def run(lines: Any, guest: Instance, out: TextIO) -> None:
             if len(set(keys)) != len(keys):
                 raise VectorFormatError(f"line {n}: a batch's slots must be distinct")
             requests = [parse_request(i.get("check")) for i in items]
-            outcomes = guest.check_batch([(slots.get(k), r) for k, r in zip(keys, requests)])
+            outcomes = check_batch([(slots.get(k), r) for k, r in zip(keys, requests)])
             for i, (k, o) in enumerate(zip(keys, outcomes)):
                 if isinstance(o, Applied):
                     slots[k] = o.state
@@ -100,11 +103,11 @@ def run(lines: Any, guest: Instance, out: TextIO) -> None:
         out.write(f'{{"line":{n},{line(o)},"state":{_hex(slots.get(k))}}}\n')
 
 
-def main(path: str, guest: Instance) -> int:
+def main(path: str, guest: Instance, *, typed_batches: bool = False) -> int:
     """``python -m fencecheck trace FILE``: exit 0, or 1 with a message."""
     try:
         with open(path, encoding="utf-8") as f:
-            run(f, guest, sys.stdout)
+            run(f, guest, sys.stdout, typed_batches=typed_batches)
     except (OSError, UnicodeDecodeError, VectorFormatError) as e:
         print(f"fencecheck trace: {path}: {e}", file=sys.stderr)
         return 1
