@@ -101,6 +101,15 @@ export class ComponentLoadError extends HostError {}
 export class GuestTrapped extends HostError {
   readonly call: string;
 }
+/**
+ * A `check-packed` batch did not follow its byte format: the guest refused
+ * the encoding (`side: 'input'`) or returned bytes that cannot be read
+ * (`'output'`). A bug, never an outcome: no decision of the batch is returned.
+ */
+export class PackedFormatError extends HostError {
+  readonly side: 'input' | 'output';
+  readonly retryable: false;
+}
 /** The call's inputs exceed `limits.callBytes`; it was not sent. */
 export class TooLarge extends HostError {
   readonly call: string;
@@ -142,7 +151,10 @@ export class Instance {
   constructor(runtime: Runtime);
   /** Decide one request; throws FenceError / HostError. */
   check(state: Uint8Array | null | undefined, request: Request): Decision;
-  /** Decide independent pairs in one call; refusals are returned in place. */
+  /**
+   * Decide independent pairs in one call; refusals are returned in place.
+   * Crosses as `check-packed`; throws PackedFormatError on a format bug.
+   */
   checkBatch(items: ReadonlyArray<readonly [Uint8Array | null | undefined, Request]>): Array<Decision | FenceError>;
   /** Decode a stored fence state. */
   inspect(state: Uint8Array): StateInfo;

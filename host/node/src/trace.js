@@ -48,7 +48,9 @@ function checkOne(guest, state, request) {
  * output line. Throws VectorFormatError on a malformed line and HostError
  * when the guest cannot run.
  */
-export function run(lines, guest, write) {
+export function run(lines, guest, write, { typedBatches = false } = {}) {
+  // Batch lines go through checkBatch (check-packed), or the typed check-batch export.
+  const checkBatch = typedBatches ? (items) => guest._checkBatchTyped(items) : (items) => guest.checkBatch(items);
   const slots = new Map(); // slot (bigint) -> Uint8Array
   let n = 0;
   for (const text of lines) {
@@ -66,7 +68,7 @@ export function run(lines, guest, write) {
       const keys = items.map((i) => u64(i.slot, 'slot'));
       if (new Set(keys).size !== keys.length) throw new VectorFormatError(`line ${n}: a batch's slots must be distinct`);
       const requests = items.map((i) => parseRequest(i.check));
-      const outcomes = guest.checkBatch(keys.map((k, i) => [slots.get(k) ?? null, requests[i]]));
+      const outcomes = checkBatch(keys.map((k, i) => [slots.get(k) ?? null, requests[i]]));
       outcomes.forEach((o, i) => {
         if (o.outcome === 'applied') slots.set(keys[i], o.state);
         write(`{"line":${n},"item":${i},${fields(o)},"state":${hex(slots.get(keys[i]))}}`);

@@ -39,6 +39,16 @@ test('a batch traces like single checks', () => {
   assert.deepEqual(batch, single);
 });
 
+// checkBatch (check-packed) and the typed check-batch print the same lines.
+test('batches trace the same through packed and typed exports', () => {
+  const seq = [...SEQ, '{"batch":[{"slot":0,"check":{"scope":"s","token":[0,9]}},{"slot":1,"check":{"scope":"é","token":[0,1]}},{"slot":3,"check":{"scope":"","token":[0,1]}}]}'];
+  const typed = [];
+  run(seq, guest, (l) => typed.push(l), { typedBatches: true });
+  const packed = trace(seq);
+  assert.deepEqual(packed, typed);
+  assert.ok(packed.at(-1).includes('"item":2'));
+});
+
 // Every malformed line throws instead of being skipped.
 test('malformed lines stop the trace', () => {
   for (const bad of ['{"slot":0}', '{"slot":0,"check":{"scope":"s","token":[0,1]},"damage":"clear"}',

@@ -1,6 +1,6 @@
 // Compiled by `npm run typecheck` (tsc --noEmit): the public .d.ts files
 // describe a usable API. Not run; a type error fails the check.
-import { FenceError, Runtime, token, type Decision } from '../src/index.js';
+import { FenceError, PackedFormatError, Runtime, token, type Decision } from '../src/index.js';
 import { fencedWrite, type Database } from '../src/sqlite.js';
 
 declare const db: Database;
@@ -13,8 +13,12 @@ if (d.outcome === 'applied') {
   const highest: bigint = d.highest.counter;
   void highest;
 }
-for (const r of guest.checkBatch([[null, { scope: 's', token: token(0, 0, 1) }]])) {
-  if (r instanceof FenceError) void r.code;
+try {
+  for (const r of guest.checkBatch([[null, { scope: 's', token: token(0, 0, 1) }]])) {
+    if (r instanceof FenceError) void r.code;
+  }
+} catch (e) {
+  if (e instanceof PackedFormatError) void (e.side === 'input');
 }
 const w: Decision = fencedWrite(db, guest, { scope: 's', token: token(0, 0, 2) }, (_db, applied) => void applied.version);
 void w;

@@ -1,0 +1,193 @@
+// The byte format of `check-packed` (its `///` docs in wit/fence.wit): a
+// batch crosses the component boundary as one Uint8Array each way, which jco
+// copies with one `set` / `slice`, instead of lowering and lifting every field
+// of every item through DataView and BigInt.asUintN.
+//
+// Decoding is strict: anything off the format (unknown tag or sub-case,
+// truncation, trailing bytes, a count other than the number of items sent, a
+// scope that is not UTF-8) throws PackedFormatError and no decision of the
+// batch is returned. Guessing an outcome from bytes that do not parse would be
+// worse than no outcome.
+//
+// (index.js imports this module and this one imports index.js's error classes;
+// they are used only inside functions, so the cycle is harmless.)
+
+import { FenceError, PackedFormatError } from './index.js';
+
+// Input flags (bits 4-7 must be zero).
+export const STATE = 1;
+export const OP_ID = 2;
+export const EXPECTED = 4;
+export const ALLOW_EQUAL = 8;
+
+// Case indexes of the WIT enums, in declaration order.
+export const INVALID_REASONS = Object.freeze(['missing-token', 'empty-scope', 'scope-too-long', 'empty-op-id', 'op-id-too-long', 'equal-token-unguarded']);
+export const CORRUPTIONS = Object.freeze(['truncated', 'length-mismatch', 'checksum-mismatch', 'malformed']);
+
+const utf8 = new TextEncoder();
+const strictUtf8 = new TextDecoder('utf-8', { fatal: true });
+
+// A string's UTF-8 bytes with their u32 length before them; returns the new
+// offset. Short ASCII strings (the usual scope and op-id) are copied by a
+// loop, cheaper than encodeInto's call and view for a dozen bytes.
+function writeText(buf, dv, o, s) {
+  const n = s.length;
+  let i = 0;
+  if (n <= 64) {
+    for (; i < n; i++) {
+      const c = s.charCodeAt(i);
+      if (c >= 0x80) break;
+      buf[o + 4 + i] = c;
+    }
+  }
+  if (i === n) {
+    dv.setUint32(o, n, true);
+    return o + 4 + n;
+  }
+  const { written } = utf8.encodeInto(s, buf.subarray(o + 4));
+  dv.setUint32(o, written, true);
+  return o + 4 + written;
+}
+
+/**
+ * Encode validated items (`{state: Uint8Array | undefined, request}` with the
+ * request as index.js lowers it: BigInt token fields, `opId` and
+ * `expectedVersion` undefined when absent) into one batch.
+ */
+export function encode(items) {
+  // Upper bound on the size: a UTF-16 length * 3 bounds its UTF-8 length.
+  let capacity = 4;
+  for (const { state, request: r } of items) {
+    capacity += 45 + r.scope.length * 3 + (r.opId === undefined ? 0 : 4 + r.opId.length * 3) + (state === undefined ? 0 : 4 + state.length);
+  }
+  const buf = new Uint8Array(capacity);
+  const dv = new DataView(buf.buffer);
+  dv.setUint32(0, items.length, true);
+  let o = 4;
+  for (const { state, request: r } of items) {
+    const t = r.token;
+    let flags = r.policy === 'allow-equal' ? ALLOW_EQUAL : 0;
+    if (state !== undefined) flags |= STATE;
+    if (r.opId !== undefined) flags |= OP_ID;
+    if (r.expectedVersion !== undefined) flags |= EXPECTED;
+    buf[o] = flags;
+    dv.setBigUint64(o + 1, t.authority, true);
+    dv.setBigUint64(o + 9, t.epoch, true);
+    dv.setBigUint64(o + 17, t.counter, true);
+    o += 25;
+    if (r.expectedVersion !== undefined) {
+      dv.setBigUint64(o, r.expectedVersion, true);
+      o += 8;
+    }
+    o = writeText(buf, dv, o, r.scope);
+    if (r.opId !== undefined) o = writeText(buf, dv, o, r.opId);
+    if (state !== undefined) {
+      dv.setUint32(o, state.length, true);
+      buf.set(state, o + 4);
+      o += 4 + state.length;
+    }
+  }
+  return buf.subarray(0, o);
+}
+
+/**
+ * Decode the guest's output for a batch of `expected` items: decisions and
+ * FenceErrors in order, exactly as `check` would return or throw them.
+ * Throws PackedFormatError (never a guessed outcome) if `out` is off the format.
+ */
+export function decode(out, expected) {
+  const end = out.byteLength;
+  const dv = new DataView(out.buffer, out.byteOffset, end);
+  let o = 0;
+  const need = (n, what) => {
+    if (o + n > end) throw new PackedFormatError('output', `${what} runs past the end (byte ${o})`);
+  };
+  const u64 = () => {
+    const v = dv.getBigUint64(o, true);
+    o += 8;
+    return v;
+  };
+  const token = () => ({ authority: u64(), epoch: u64(), counter: u64() });
+  const caseOf = (names, what) => {
+    const i = out[o];
+    o += 1;
+    if (i >= names.length) throw new PackedFormatError('output', `unknown ${what} case ${i}`);
+    return names[i];
+  };
+
+  need(4, 'the count');
+  const n = dv.getUint32(0, true);
+  o = 4;
+  if (n !== expected) throw new PackedFormatError('output', `${n} results for ${expected} items`);
+  const results = new Array(n);
+  for (let i = 0; i < n; i++) {
+    need(1, 'a tag');
+    const tag = out[o];
+    o += 1;
+    switch (tag) {
+      case 0: {
+        need(36, 'an applied decision');
+        const version = u64();
+        const highest = token();
+        const length = dv.getUint32(o, true);
+        o += 4;
+        need(length, 'a state');
+        // A copy: each state outlives the batch on its own, as jco's lists do.
+        results[i] = { outcome: 'applied', version, highest, state: out.slice(o, o + length) };
+        o += length;
+        break;
+      }
+      case 1:
+        need(8, 'a duplicate');
+        results[i] = { outcome: 'duplicate', version: u64() };
+        break;
+      case 2:
+        need(48, 'a stale-fence');
+        results[i] = { outcome: 'stale-fence', presented: token(), highest: token() };
+        break;
+      case 3:
+        need(16, 'a version-conflict');
+        results[i] = { outcome: 'version-conflict', expected: u64(), actual: u64() };
+        break;
+      case 128:
+        need(1, 'an invalid-request');
+        results[i] = new FenceError('invalid-request', caseOf(INVALID_REASONS, 'invalid-reason'));
+        break;
+      case 129:
+        need(1, 'a corrupt-state');
+        results[i] = new FenceError('corrupt-state', caseOf(CORRUPTIONS, 'corruption'));
+        break;
+      case 130:
+        need(1, 'an unsupported-state-version');
+        results[i] = new FenceError('unsupported-state-version', undefined, out[o]);
+        o += 1;
+        break;
+      case 131: {
+        need(4, 'a scope-mismatch');
+        const length = dv.getUint32(o, true);
+        o += 4;
+        need(length, 'a scope');
+        let scope;
+        try {
+          scope = strictUtf8.decode(out.subarray(o, o + length));
+        } catch {
+          throw new PackedFormatError('output', 'a scope is not UTF-8');
+        }
+        results[i] = new FenceError('scope-mismatch', undefined, scope);
+        o += length;
+        break;
+      }
+      case 132:
+        need(16, 'a foreign-authority');
+        results[i] = new FenceError('foreign-authority', undefined, { stored: u64(), presented: u64() });
+        break;
+      case 133:
+        results[i] = new FenceError('exhausted');
+        break;
+      default:
+        throw new PackedFormatError('output', `unknown tag ${tag} at byte ${o - 1}`);
+    }
+  }
+  if (o !== end) throw new PackedFormatError('output', `${end - o} trailing bytes`);
+  return results;
+}
