@@ -5,7 +5,9 @@ The same seed gives the same bytes on every machine and Python version: the
 generator uses its own splitmix64, not the `random` module. The mix covers
 valid and invalid requests, several scopes (non-ASCII, at and over the length
 limits), both policies, op-ids, expected versions, foreign authorities, u64
-extremes, batches, random damage, and the crafted states of tests/vectors
+extremes, batches (small ones over six home slots, and wide ones of 16-64
+items over 70 slots, so that hosts whose batches cross as check-packed are
+compared on real sizes), random damage, and the crafted states of tests/vectors
 (`replace` steps), which reach the decoder paths that damage alone cannot.
 """
 
@@ -15,8 +17,10 @@ import sys
 from pathlib import Path
 
 U64 = 2**64 - 1
-SLOTS = 6
+SLOTS = 6  # home slots: single checks, small batches, most damage
+WIDE = 64  # more slots (6..69) for wide batches, so a batch can hold 16-64 items
 HOME = ["report/july", "ledger/ü", "a", "x" * 1024, "日本/報告", "emoji/🦀"]
+WIDE_HOME = [f"{['wide', 'straße', '日本', 'a'][i % 4]}/{i}" for i in range(WIDE)]
 OTHER = ["", "y" * 1025, "é" * 512, "é" * 513, "report/july ", "Report/July"]
 
 
@@ -63,10 +67,11 @@ class Generator:
         self.crafted = crafted
         # Per slot: a guess of the highest token and version (no check is run
         # here, so these only steer the mix towards interesting requests).
-        self.high = [[0, 1 + self.r.below(50)] for _ in range(SLOTS)]
-        self.version = [0] * SLOTS
-        self.damaged = [False] * SLOTS
-        self.scope = list(HOME)
+        self.home = HOME + WIDE_HOME
+        self.high = [[0, 1 + self.r.below(50)] for _ in self.home]
+        self.version = [0] * len(self.home)
+        self.damaged = [False] * len(self.home)
+        self.scope = list(self.home)
         self.ops = [f"op-{i}" for i in range(6)]
 
     def token(self, slot: int) -> list[int]:
@@ -98,7 +103,7 @@ class Generator:
         if r.chance(93):
             scope = self.scope[slot]
         else:
-            scope = r.pick(HOME + OTHER)
+            scope = r.pick(HOME + OTHER)  # the same pool for wide slots: keeps the sequence of home-only runs
         c = {"scope": scope, "token": self.token(slot)}
         roll = r.below(100)
         if roll < 4:
@@ -144,24 +149,34 @@ class Generator:
                 d["hex"] = "".join(f"{r.below(256):02x}" for _ in range(r.below(80)))
         return d
 
+    def batch(self, slots: list[int], size: int) -> dict:
+        chosen = [slots.pop(self.r.below(len(slots))) for _ in range(size)]
+        return {"batch": [{"slot": s, "check": self.check(s)} for s in chosen]}
+
+    def start_over(self, slot: int) -> dict:
+        """Clear a damaged slot, so that damage does not swamp the mix."""
+        self.damaged[slot] = False
+        self.high[slot], self.version[slot] = [0, 1 + self.r.below(50)], 0
+        self.scope[slot] = self.home[slot]
+        return {"slot": slot, "damage": "clear"}
+
     def line(self) -> dict:
         r = self.r
         roll = r.below(100)
         if roll < 4:
             return self.damage(r.below(SLOTS))
+        if roll < 6:  # wide slots: damage one, or start a damaged one over
+            damaged = [s for s in range(SLOTS, SLOTS + WIDE) if self.damaged[s]]
+            if damaged and r.chance(50):
+                return self.start_over(r.pick(damaged))
+            return self.damage(SLOTS + r.below(WIDE))
         if roll < 14:
-            slots = list(range(SLOTS))
-            chosen = []
-            for _ in range(2 + r.below(3)):
-                chosen.append(slots.pop(r.below(len(slots))))
-            return {"batch": [{"slot": s, "check": self.check(s)} for s in chosen]}
+            return self.batch(list(range(SLOTS)), 2 + r.below(3))
+        if roll < 17:  # a wide batch: home and wide slots, 16-64 items
+            return self.batch(list(range(SLOTS + WIDE)), 16 + r.below(49))
         slot = r.below(SLOTS)
         if self.damaged[slot] and r.chance(30):
-            # Start the slot over, so that damage does not swamp the mix.
-            self.damaged[slot] = False
-            self.high[slot], self.version[slot] = [0, 1 + r.below(50)], 0
-            self.scope[slot] = HOME[slot]
-            return {"slot": slot, "damage": "clear"}
+            return self.start_over(slot)
         return {"slot": slot, "check": self.check(slot)}
 
 
