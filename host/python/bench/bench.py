@@ -15,6 +15,7 @@ import sys
 import time
 
 import fencecheck as fc
+from fencecheck import _packed
 
 RUNS = int(sys.argv[1]) if len(sys.argv) > 1 else 15
 BATCH = 256
@@ -28,6 +29,11 @@ def timed(fn, calls: int, per_call: int) -> float:
     return (time.perf_counter_ns() - start) / (calls * per_call)
 
 
+def via_component_api(guest: fc.Instance, items: list) -> list:
+    batch, n, _ = _packed.encode(items)
+    return _packed.decode(guest._check_packed(batch, n, component_api=True), n)
+
+
 def main() -> None:
     guest = fc.Runtime().instance()
     first = guest.check(None, fc.Request("report/july", fc.Token(0, 0, 41)))
@@ -37,7 +43,10 @@ def main() -> None:
     cases = [
         ("single check", lambda: guest.check(first.state, request), 2000, 1),
         (f"check_batch of {BATCH} (check-packed), per check", lambda: guest.check_batch(items), 8, BATCH),
-        # The typed export, for comparison: one C-API value per field.
+        # For comparison: check-packed through wasmtime's component API (one
+        # C-API value per byte) instead of the core module, and the typed
+        # export (one C-API value per field).
+        (f"check-packed of {BATCH} via the component API, per check", lambda: via_component_api(guest, items), 8, BATCH),
         (f"typed check-batch of {BATCH}, per check", lambda: guest._check_batch_typed(items), 8, BATCH),
     ]
     version = sys.version.split()[0]
