@@ -146,17 +146,21 @@ fn concurrent_coordinators_issue_one_increasing_sequence() -> Result<()> {
     let clock = Arc::new(ManualClock::new(0));
     // A global logical clock orders events across threads without sleeps.
     let ticks = Arc::new(AtomicU64::new(0));
+    // Stop on a global grant count, not a per-worker one: the test is about
+    // the token history, and SQLite owes no thread fairness.
+    const GRANTS: u64 = 160;
+    let granted = Arc::new(AtomicU64::new(0));
     let handles: Vec<_> = (0..4)
         .map(|worker| {
             let db = db.clone();
             let clock = clock.clone();
             let ticks = ticks.clone();
+            let granted = granted.clone();
             std::thread::spawn(move || -> Result<Vec<(u64, u64, Token)>> {
                 let coordinator = SqliteCoordinator::open(&db, runtime()?, clock)?;
                 let mut history = Vec::new();
-                let mut granted = 0;
-                let mut attempts = 0;
-                while granted < 40 && attempts < 10_000 {
+                let mut attempts = 0u64;
+                while granted.load(Ordering::SeqCst) < GRANTS && attempts < 1_000_000 {
                     attempts += 1;
                     let start = ticks.fetch_add(1, Ordering::SeqCst);
                     let id = format!("w{worker}-{attempts}");
@@ -164,16 +168,15 @@ fn concurrent_coordinators_issue_one_increasing_sequence() -> Result<()> {
                         AcquireOutcome::Acquired(g) => {
                             let end = ticks.fetch_add(1, Ordering::SeqCst);
                             history.push((start, end, g.token));
-                            granted += 1;
+                            granted.fetch_add(1, Ordering::SeqCst);
                             ensure!(
                                 coordinator.release(LOCK, &id, g.token)?
                                     == ReleaseOutcome::Released
                             );
                         }
-                        AcquireOutcome::Busy { .. } => {}
+                        AcquireOutcome::Busy { .. } => std::thread::yield_now(),
                     }
                 }
-                ensure!(granted == 40, "worker {worker} starved");
                 Ok(history)
             })
         })
@@ -198,7 +201,11 @@ fn concurrent_coordinators_issue_one_increasing_sequence() -> Result<()> {
         }
         ensure!(s1 < e1);
     }
-    ensure!(distinct.len() == 160);
+    ensure!(
+        history.len() as u64 >= GRANTS,
+        "only {} grants",
+        history.len()
+    );
     Ok(())
 }
 
