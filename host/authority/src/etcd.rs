@@ -17,16 +17,12 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as B64;
-use fencecheck::{
-    Acquire, AcquireRequest, Instance, LeaseError, Release, ReleaseRequest, Renew, RenewRequest,
-    Runtime, Token,
-};
+use fencecheck::{Instance, LeaseError, Runtime, Token};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::{
-    AcquireOutcome, AuthorityError, Clock, Coordinator, Grant, ReleaseOutcome, RenewOutcome,
-};
+use crate::rules::{self, Decided, Read};
+use crate::{AcquireOutcome, AuthorityError, Clock, Coordinator, ReleaseOutcome, RenewOutcome};
 
 /// How an [`EtcdCoordinator`] reaches and uses the cluster.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -350,7 +346,7 @@ impl EtcdCoordinator {
     fn decide<T>(
         &self,
         lock: &str,
-        decide: impl Fn(&mut Instance, Option<&[u8]>, u64, u64) -> DecideResult<T>,
+        decide: impl Fn(&mut Instance, Read<'_>) -> Decided<T>,
     ) -> Result<T, AuthorityError> {
         let lock_key = self.lock_key(lock);
         let mut read = self.read(&lock_key)?;
@@ -364,7 +360,7 @@ impl EtcdCoordinator {
                 // A poisoned lock only means another decision panicked inside
                 // the component call; the instance replaces itself on traps.
                 let mut guest = self.guest.lock().unwrap_or_else(PoisonError::into_inner);
-                decide(&mut guest, state, floor, now)?
+                decide(&mut guest, Read { state, floor, now })?
             };
             let Some(next) = next else {
                 return Ok(outcome);
@@ -474,8 +470,6 @@ impl EtcdCoordinator {
     }
 }
 
-type DecideResult<T> = Result<(T, Option<Vec<u8>>), AuthorityError>;
-
 impl Coordinator for EtcdCoordinator {
     fn authority(&self) -> u64 {
         self.authority
@@ -487,34 +481,8 @@ impl Coordinator for EtcdCoordinator {
         lease_id: &str,
         ttl_ms: u64,
     ) -> Result<AcquireOutcome, AuthorityError> {
-        let authority = self.authority;
-        self.decide(lock, |guest, state, floor, now| {
-            let request = AcquireRequest {
-                lock: lock.to_owned(),
-                lease_id: lease_id.to_owned(),
-                authority,
-                epoch_floor: floor,
-                now,
-                ttl: ttl_ms,
-            };
-            Ok(match guest.acquire(state, &request)?? {
-                Acquire::Acquired {
-                    token,
-                    expires_at,
-                    state,
-                } => (
-                    AcquireOutcome::Acquired(Grant {
-                        lock: lock.to_owned(),
-                        lease_id: lease_id.to_owned(),
-                        token,
-                        expires_at,
-                    }),
-                    Some(state),
-                ),
-                Acquire::Busy { holder, expires_at } => {
-                    (AcquireOutcome::Busy { holder, expires_at }, None)
-                }
-            })
+        self.decide(lock, |guest, read| {
+            rules::acquire(guest, read, self.authority, lock, lease_id, ttl_ms)
         })
     }
 
@@ -525,19 +493,8 @@ impl Coordinator for EtcdCoordinator {
         token: Token,
         ttl_ms: u64,
     ) -> Result<RenewOutcome, AuthorityError> {
-        self.decide(lock, |guest, state, _, now| {
-            let request = RenewRequest {
-                lease_id: lease_id.to_owned(),
-                token,
-                now,
-                ttl: ttl_ms,
-            };
-            Ok(match guest.renew(state, &request)?? {
-                Renew::Renewed { expires_at, state } => {
-                    (RenewOutcome::Renewed { expires_at }, Some(state))
-                }
-                Renew::Lost => (RenewOutcome::Lost, None),
-            })
+        self.decide(lock, |guest, read| {
+            rules::renew(guest, read, lease_id, token, ttl_ms)
         })
     }
 
@@ -547,15 +504,8 @@ impl Coordinator for EtcdCoordinator {
         lease_id: &str,
         token: Token,
     ) -> Result<ReleaseOutcome, AuthorityError> {
-        self.decide(lock, |guest, state, _, _| {
-            let request = ReleaseRequest {
-                lease_id: lease_id.to_owned(),
-                token,
-            };
-            Ok(match guest.release(state, &request)?? {
-                Release::Released { state } => (ReleaseOutcome::Released, Some(state)),
-                Release::NotOwner => (ReleaseOutcome::NotOwner, None),
-            })
+        self.decide(lock, |guest, read| {
+            rules::release(guest, read, lease_id, token)
         })
     }
 

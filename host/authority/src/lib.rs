@@ -48,6 +48,7 @@ mod client;
 mod clock;
 mod error;
 mod etcd;
+mod rules;
 mod sqlite;
 
 pub use client::{AcquireResult, Client, DriftBound, Lease, WriteError, WriteOutcome};

@@ -5,14 +5,11 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use fencecheck::{
-    Acquire, AcquireRequest, Instance, Release, ReleaseRequest, Renew, RenewRequest, Runtime, Token,
-};
+use fencecheck::{Instance, Runtime, Token};
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
-use crate::{
-    AcquireOutcome, AuthorityError, Clock, Coordinator, Grant, ReleaseOutcome, RenewOutcome,
-};
+use crate::rules::{self, Decided, Read};
+use crate::{AcquireOutcome, AuthorityError, Clock, Coordinator, ReleaseOutcome, RenewOutcome};
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS fencecheck_authority (
@@ -120,12 +117,7 @@ impl SqliteCoordinator {
     fn decide<T>(
         &self,
         lock: &str,
-        decide: impl FnOnce(
-            &mut Instance,
-            Option<&[u8]>,
-            u64,
-            u64,
-        ) -> Result<(T, Option<Vec<u8>>), AuthorityError>,
+        decide: impl FnOnce(&mut Instance, Read<'_>) -> Decided<T>,
     ) -> Result<T, AuthorityError> {
         // A panic elsewhere cannot leave a half-done decision behind: the
         // transaction is rolled back when dropped, so a poisoned lock is safe
@@ -146,7 +138,12 @@ impl SqliteCoordinator {
         // Read the clock inside the write transaction: decisions are ordered
         // by commit, and so are the times they saw.
         let now = self.clock.now_ms();
-        let (outcome, next) = decide(guest, state.as_deref(), from_sql(floor), now)?;
+        let read = Read {
+            state: state.as_deref(),
+            floor: from_sql(floor),
+            now,
+        };
+        let (outcome, next) = decide(guest, read)?;
         if let Some(next) = next {
             tx.execute(
                 "INSERT INTO fencecheck_leases (lock, state) VALUES (?1, ?2)
@@ -170,34 +167,8 @@ impl Coordinator for SqliteCoordinator {
         lease_id: &str,
         ttl_ms: u64,
     ) -> Result<AcquireOutcome, AuthorityError> {
-        let authority = self.authority;
-        self.decide(lock, |guest, state, floor, now| {
-            let request = AcquireRequest {
-                lock: lock.to_owned(),
-                lease_id: lease_id.to_owned(),
-                authority,
-                epoch_floor: floor,
-                now,
-                ttl: ttl_ms,
-            };
-            Ok(match guest.acquire(state, &request)?? {
-                Acquire::Acquired {
-                    token,
-                    expires_at,
-                    state,
-                } => (
-                    AcquireOutcome::Acquired(Grant {
-                        lock: lock.to_owned(),
-                        lease_id: lease_id.to_owned(),
-                        token,
-                        expires_at,
-                    }),
-                    Some(state),
-                ),
-                Acquire::Busy { holder, expires_at } => {
-                    (AcquireOutcome::Busy { holder, expires_at }, None)
-                }
-            })
+        self.decide(lock, |guest, read| {
+            rules::acquire(guest, read, self.authority, lock, lease_id, ttl_ms)
         })
     }
 
@@ -208,19 +179,8 @@ impl Coordinator for SqliteCoordinator {
         token: Token,
         ttl_ms: u64,
     ) -> Result<RenewOutcome, AuthorityError> {
-        self.decide(lock, |guest, state, _, now| {
-            let request = RenewRequest {
-                lease_id: lease_id.to_owned(),
-                token,
-                now,
-                ttl: ttl_ms,
-            };
-            Ok(match guest.renew(state, &request)?? {
-                Renew::Renewed { expires_at, state } => {
-                    (RenewOutcome::Renewed { expires_at }, Some(state))
-                }
-                Renew::Lost => (RenewOutcome::Lost, None),
-            })
+        self.decide(lock, |guest, read| {
+            rules::renew(guest, read, lease_id, token, ttl_ms)
         })
     }
 
@@ -230,15 +190,8 @@ impl Coordinator for SqliteCoordinator {
         lease_id: &str,
         token: Token,
     ) -> Result<ReleaseOutcome, AuthorityError> {
-        self.decide(lock, |guest, state, _, _| {
-            let request = ReleaseRequest {
-                lease_id: lease_id.to_owned(),
-                token,
-            };
-            Ok(match guest.release(state, &request)?? {
-                Release::Released { state } => (ReleaseOutcome::Released, Some(state)),
-                Release::NotOwner => (ReleaseOutcome::NotOwner, None),
-            })
+        self.decide(lock, |guest, read| {
+            rules::release(guest, read, lease_id, token)
         })
     }
 
