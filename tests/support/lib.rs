@@ -2,19 +2,13 @@
 //! process (the component is compiled once), and the vector files.
 
 use std::path::PathBuf;
-use std::sync::OnceLock;
 
 use anyhow::{Context, Result};
 use fencecheck::Runtime;
 
 /// The process-wide runtime over the embedded component, compiled once.
 pub fn runtime() -> Result<Runtime> {
-    static RUNTIME: OnceLock<Runtime> = OnceLock::new();
-    if let Some(rt) = RUNTIME.get() {
-        return Ok(rt.clone());
-    }
-    let rt = Runtime::new().context("loading the embedded component")?;
-    Ok(RUNTIME.get_or_init(|| rt).clone())
+    Runtime::shared().context("loading the embedded component")
 }
 
 /// `tests/vectors/`.

@@ -247,28 +247,24 @@ fn crash_between_staging_and_publication() -> Result<()> {
     Ok(())
 }
 
-/// A coordinator whose renewal replies are lost after the renewal commits,
-/// standing in for a network that drops the answer.
-struct LosesRenewReplies(Arc<dyn Coordinator>);
+/// A coordinator seen through a network that tampers with renewal replies
+/// (after the renewal has been decided and committed).
+struct RenewReplies<F> {
+    inner: Arc<dyn Coordinator>,
+    tamper: F,
+}
 
-impl Coordinator for LosesRenewReplies {
+type RenewReply = Result<RenewOutcome, AuthorityError>;
+
+impl<F: Fn(RenewReply) -> RenewReply + Send + Sync> Coordinator for RenewReplies<F> {
     fn authority(&self) -> u64 {
-        self.0.authority()
+        self.inner.authority()
     }
     fn acquire(&self, lock: &str, id: &str, ttl: u64) -> Result<AcquireOutcome, AuthorityError> {
-        self.0.acquire(lock, id, ttl)
+        self.inner.acquire(lock, id, ttl)
     }
-    fn renew(
-        &self,
-        lock: &str,
-        id: &str,
-        token: Token,
-        ttl: u64,
-    ) -> Result<RenewOutcome, AuthorityError> {
-        let committed = self.0.renew(lock, id, token, ttl)?;
-        Err(AuthorityError::Etcd(format!(
-            "reply lost in the network (it was {committed:?})"
-        )))
+    fn renew(&self, lock: &str, id: &str, token: Token, ttl: u64) -> RenewReply {
+        (self.tamper)(self.inner.renew(lock, id, token, ttl))
     }
     fn release(
         &self,
@@ -276,10 +272,10 @@ impl Coordinator for LosesRenewReplies {
         id: &str,
         token: Token,
     ) -> Result<ReleaseOutcome, AuthorityError> {
-        self.0.release(lock, id, token)
+        self.inner.release(lock, id, token)
     }
     fn restore(&self, at_least: u64) -> Result<u64, AuthorityError> {
-        self.0.restore(at_least)
+        self.inner.restore(at_least)
     }
 }
 
@@ -291,7 +287,14 @@ fn renewal_reply_lost() -> Result<()> {
     let dir = TempDir::new("renew-lost")?;
     let world = World::on_file(&dir.join("fence.db"))?;
     let a_clock = Arc::new(ManualClock::new(0));
-    let lossy: Arc<dyn Coordinator> = Arc::new(LosesRenewReplies(world.coordinator.clone()));
+    let lossy: Arc<dyn Coordinator> = Arc::new(RenewReplies {
+        inner: world.coordinator.clone(),
+        tamper: |committed: RenewReply| -> RenewReply {
+            Err(AuthorityError::Etcd(format!(
+                "reply lost in the network (it was {committed:?})"
+            )))
+        },
+    });
     let a_client = Client::new(
         lossy,
         a_clock.clone(),
@@ -335,45 +338,6 @@ fn renewal_reply_lost() -> Result<()> {
     Ok(())
 }
 
-/// A coordinator whose replies are slow: the client's clock moves on by
-/// `delay` while the call is in flight.
-struct SlowReplies {
-    inner: Arc<dyn Coordinator>,
-    local: Arc<ManualClock>,
-    delay: u64,
-}
-
-impl Coordinator for SlowReplies {
-    fn authority(&self) -> u64 {
-        self.inner.authority()
-    }
-    fn acquire(&self, lock: &str, id: &str, ttl: u64) -> Result<AcquireOutcome, AuthorityError> {
-        self.inner.acquire(lock, id, ttl)
-    }
-    fn renew(
-        &self,
-        lock: &str,
-        id: &str,
-        token: Token,
-        ttl: u64,
-    ) -> Result<RenewOutcome, AuthorityError> {
-        let reply = self.inner.renew(lock, id, token, ttl);
-        self.local.advance(self.delay);
-        reply
-    }
-    fn release(
-        &self,
-        lock: &str,
-        id: &str,
-        token: Token,
-    ) -> Result<ReleaseOutcome, AuthorityError> {
-        self.inner.release(lock, id, token)
-    }
-    fn restore(&self, at_least: u64) -> Result<u64, AuthorityError> {
-        self.inner.restore(at_least)
-    }
-}
-
 /// Renewal races: a renewal sent after the coordinator's expiry is `lost`;
 /// a renewal the coordinator grants but whose reply arrives after the local
 /// deadline does not resurrect the lease; a lost lease stays lost.
@@ -392,10 +356,14 @@ fn renewal_after_expiry_stays_lost() -> Result<()> {
 
     // 2. Granted at the coordinator, but the reply lands after the local deadline.
     let c_clock = Arc::new(ManualClock::new(0));
-    let slow: Arc<dyn Coordinator> = Arc::new(SlowReplies {
+    // The reply takes 15 s to arrive.
+    let in_flight = c_clock.clone();
+    let slow: Arc<dyn Coordinator> = Arc::new(RenewReplies {
         inner: world.coordinator.clone(),
-        local: c_clock.clone(),
-        delay: 15_000,
+        tamper: move |reply: RenewReply| -> RenewReply {
+            in_flight.advance(15_000);
+            reply
+        },
     });
     let c_client = Client::new(
         slow,

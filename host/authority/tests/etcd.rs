@@ -5,7 +5,7 @@
 #[path = "support/etcd.rs"]
 mod etcd;
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
@@ -23,12 +23,7 @@ const TTL: u64 = 30_000;
 
 /// The process-wide runtime (the component is compiled once).
 fn runtime() -> Result<Runtime> {
-    static RUNTIME: OnceLock<Runtime> = OnceLock::new();
-    if let Some(rt) = RUNTIME.get() {
-        return Ok(rt.clone());
-    }
-    let rt = Runtime::new().context("loading the embedded component")?;
-    Ok(RUNTIME.get_or_init(|| rt).clone())
+    Runtime::shared().context("loading the embedded component")
 }
 
 fn coordinator(endpoints: Vec<String>, clock: &Arc<ManualClock>) -> Result<EtcdCoordinator> {

@@ -88,6 +88,18 @@ impl Runtime {
         Self::from_bytes(COMPONENT, Limits::default())
     }
 
+    /// The process-wide runtime over the embedded component with default
+    /// [`Limits`], created on first use: the component is compiled once per
+    /// process however many callers ask. A failed load is not cached.
+    pub fn shared() -> Result<Self, Error> {
+        static SHARED: std::sync::OnceLock<Runtime> = std::sync::OnceLock::new();
+        if let Some(rt) = SHARED.get() {
+            return Ok(rt.clone());
+        }
+        let rt = Self::new()?;
+        Ok(SHARED.get_or_init(|| rt).clone())
+    }
+
     /// Load a component file instead of the embedded one (e.g. a build under
     /// test, or one shipped separately).
     pub fn from_file(path: &Path, limits: Limits) -> Result<Self, Error> {

@@ -4,7 +4,7 @@
 #![allow(dead_code)] // each test binary uses a different subset
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use fencecheck::{Decision, Instance, Outcome, Request, Runtime};
@@ -13,12 +13,7 @@ use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 /// The process-wide runtime (the component is compiled once).
 pub fn runtime() -> Result<Runtime> {
-    static RUNTIME: OnceLock<Runtime> = OnceLock::new();
-    if let Some(rt) = RUNTIME.get() {
-        return Ok(rt.clone());
-    }
-    let rt = Runtime::new().context("loading the embedded component")?;
-    Ok(RUNTIME.get_or_init(|| rt).clone())
+    Runtime::shared().context("loading the embedded component")
 }
 
 /// A fresh directory under the system temp dir, removed on drop.

@@ -5,7 +5,6 @@
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, ExitStatus, Stdio};
-use std::sync::OnceLock;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, bail};
@@ -14,12 +13,7 @@ use rusqlite::Connection;
 
 /// The process-wide runtime: the component is compiled once per test binary.
 pub fn runtime() -> Result<Runtime> {
-    static RUNTIME: OnceLock<Runtime> = OnceLock::new();
-    if let Some(rt) = RUNTIME.get() {
-        return Ok(rt.clone());
-    }
-    let rt = Runtime::new().context("loading the embedded component")?;
-    Ok(RUNTIME.get_or_init(|| rt).clone())
+    Runtime::shared().context("loading the embedded component")
 }
 
 /// A database file in its own temporary directory, removed on drop.
