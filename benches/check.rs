@@ -43,6 +43,11 @@ fn bench(c: &mut Criterion) -> anyhow::Result<()> {
     single.bench_function("wasm", |b| {
         b.iter(|| wasm.check(black_box(Some(&state)), black_box(&request)))
     });
+    // The same single check as a one-item `check-packed` batch.
+    let one = [(Some(state.as_slice()), &request)];
+    single.bench_function("wasm-packed", |b| {
+        b.iter(|| wasm.check_batch(black_box(&one)))
+    });
     single.finish();
 
     let items: Vec<(Option<&[u8]>, &Request)> = (0..BATCH)
