@@ -33,6 +33,11 @@ impl From<Corruption> for FrameError {
     }
 }
 
+/// The length of a frame around a body of `body_len` bytes.
+pub(crate) fn framed_len(body_len: usize) -> usize {
+    body_len.saturating_add(HEADER_LEN + CRC_LEN)
+}
+
 /// Appends one frame to a buffer: header, then the body written by the
 /// caller, then the length and CRC on `finish`. Appending (rather than owning
 /// a buffer) lets a batch write many frames into one output.
@@ -43,7 +48,7 @@ pub(crate) struct Writer<'v> {
 
 impl<'v> Writer<'v> {
     pub(crate) fn new(out: &'v mut Vec<u8>, magic: [u8; 2], body_capacity: usize) -> Self {
-        out.reserve(body_capacity.saturating_add(HEADER_LEN + CRC_LEN));
+        out.reserve(framed_len(body_capacity));
         let start = out.len();
         out.extend_from_slice(&magic);
         out.push(FORMAT_VERSION);

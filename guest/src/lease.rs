@@ -227,14 +227,11 @@ impl LeaseState {
             .holder
             .as_ref()
             .map_or(0, |h| h.lease_id.len().saturating_add(26));
-        let mut out = Vec::new();
-        let mut w = Writer::new(
-            &mut out,
-            MAGIC,
-            holder_len
-                .saturating_add(27)
-                .saturating_add(self.lock.len()),
-        );
+        let body_len = holder_len
+            .saturating_add(27)
+            .saturating_add(self.lock.len());
+        let mut out = Vec::with_capacity(frame::framed_len(body_len));
+        let mut w = Writer::new(&mut out, MAGIC, body_len);
         w.u64(self.authority);
         w.u64(self.epoch);
         w.u64(self.counter);

@@ -56,25 +56,28 @@ impl<'a> State<'a> {
     /// The canonical bytes of this state. Callers uphold the invariants that
     /// `decode` checks (lengths within limits), so every length fits its field.
     pub(crate) fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::new();
+        // Allocate once at the final size: growing from empty costs ~95
+        // instructions per check (callgrind), a tenth of the whole check.
+        let mut out = Vec::with_capacity(frame::framed_len(self.body_len()));
         self.encode_into(&mut out);
         out
     }
 
-    /// Append the canonical bytes of this state to `out`.
-    pub(crate) fn encode_into(&self, out: &mut Vec<u8>) {
+    /// The exact length of the body `encode_into` writes.
+    fn body_len(&self) -> usize {
         let window_bytes: usize = self
             .window
             .iter()
             .map(|e| e.op_id.len().saturating_add(10))
             .sum();
-        let mut w = Writer::new(
-            out,
-            MAGIC,
-            window_bytes
-                .saturating_add(35)
-                .saturating_add(self.scope.len()),
-        );
+        window_bytes
+            .saturating_add(35)
+            .saturating_add(self.scope.len())
+    }
+
+    /// Append the canonical bytes of this state to `out`.
+    pub(crate) fn encode_into(&self, out: &mut Vec<u8>) {
+        let mut w = Writer::new(out, MAGIC, self.body_len());
         w.u64(self.highest.authority);
         w.u64(self.highest.epoch);
         w.u64(self.highest.counter);
