@@ -89,11 +89,18 @@ impl Client {
     /// Acquire `lock` for `ttl_ms`. The validity deadline counts from when the
     /// request was *sent*: the time the request and reply spent in flight is
     /// charged to the lease.
+    ///
+    /// Only the part of the lease the coordinator still had when it decided
+    /// is counted, never more than `ttl_ms`: a retry with the same lease id
+    /// (the recovery after an unknown outcome) gets the original grant back,
+    /// whose lease started at the first attempt, not at the retry.
     pub fn acquire(&self, lock: &str, lease_id: &str, ttl_ms: u64) -> AcquireResult {
         let sent_at = self.local.now_ms();
         match self.coordinator.acquire(lock, lease_id, ttl_ms) {
             Ok(AcquireOutcome::Acquired(grant)) => AcquireResult::Acquired(Lease {
-                valid_until: self.drift.deadline(sent_at, ttl_ms),
+                valid_until: self
+                    .drift
+                    .deadline(sent_at, ttl_ms.min(grant.remaining_ms())),
                 grant,
                 ttl_ms,
                 lost: false,

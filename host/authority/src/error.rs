@@ -18,7 +18,7 @@ pub enum AuthorityError {
     /// The component refused the request or the stored state (invalid input,
     /// corrupt or foreign state, exhausted counter). Deterministic: retrying
     /// the same request gives the same answer.
-    #[error("lease refused: {} ({error:?})", error.name())]
+    #[error("lease refused: {error}")]
     Refused {
         /// The component's error.
         error: LeaseError,

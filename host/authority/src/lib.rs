@@ -70,6 +70,19 @@ pub struct Grant {
     pub token: Token,
     /// When the lease ends, in the coordinator's milliseconds.
     pub expires_at: u64,
+    /// The coordinator's time when it decided, in its milliseconds. With
+    /// `expires_at` it says how much of the lease was left at the decision:
+    /// less than the ttl when an acquire retried with the same lease id got
+    /// the original grant back.
+    pub decided_at: u64,
+}
+
+impl Grant {
+    /// Milliseconds of the lease left on the coordinator's clock when it
+    /// decided (at most the ttl asked for).
+    pub fn remaining_ms(&self) -> u64 {
+        self.expires_at.saturating_sub(self.decided_at)
+    }
 }
 
 /// The outcome of [`Coordinator::acquire`].

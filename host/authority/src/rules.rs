@@ -4,7 +4,8 @@
 //! atomic read-decide-write step.
 
 use fencecheck::{
-    Acquire, AcquireRequest, Instance, Release, ReleaseRequest, Renew, RenewRequest, Token,
+    Acquire, AcquireRequest, Instance, LeaseError, Release, ReleaseRequest, Renew, RenewRequest,
+    Token,
 };
 
 use crate::{AcquireOutcome, AuthorityError, Grant, ReleaseOutcome, RenewOutcome};
@@ -50,6 +51,7 @@ pub(crate) fn acquire(
                 lease_id: request.lease_id,
                 token,
                 expires_at,
+                decided_at: read.now,
             }),
             Some(state),
         ),
@@ -90,4 +92,36 @@ pub(crate) fn release(
         Release::Released { state } => (ReleaseOutcome::Released, Some(state)),
         Release::NotOwner => (ReleaseOutcome::NotOwner, None),
     })
+}
+
+/// The epoch floor a restore sets: above the current floor, at least
+/// `at_least`, and above the epoch of every stored lock.
+///
+/// Raising the floor is the whole restore: `acquire` lifts any lock whose
+/// epoch is below the floor to `(floor, 1)`, which is what rewriting each
+/// lock's state to its next epoch used to achieve, so no lock state is
+/// written and a restore costs one write however many locks there are. A
+/// holder whose lease is still running keeps its token until it expires or
+/// is released, as before. The stored locks are read only to find their
+/// epochs (states written before this rule may stand above the floor) and to
+/// fail closed: any damaged state, or one filed under another lock's name,
+/// aborts the restore and nothing changes.
+pub(crate) fn restored_floor<'s>(
+    guest: &mut Instance,
+    floor: u64,
+    at_least: u64,
+    locks: impl IntoIterator<Item = (&'s [u8], &'s [u8])>,
+) -> Result<u64, AuthorityError> {
+    let mut next = floor
+        .checked_add(1)
+        .ok_or(LeaseError::Exhausted)?
+        .max(at_least);
+    for (name, state) in locks {
+        let info = guest.inspect_lease(state)??;
+        if info.lock.as_bytes() != name {
+            return Err(LeaseError::LockMismatch(info.lock).into());
+        }
+        next = next.max(info.epoch.checked_add(1).ok_or(LeaseError::Exhausted)?);
+    }
+    Ok(next)
 }

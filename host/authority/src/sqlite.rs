@@ -206,28 +206,12 @@ impl Coordinator for SqliteCoordinator {
             .prepare("SELECT lock, state FROM fencecheck_leases ORDER BY lock")?
             .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
             .collect::<Result<_, _>>()?;
-        let mut new_floor = from_sql(floor)
-            .checked_add(1)
-            .ok_or(fencecheck::LeaseError::Exhausted)?
-            .max(at_least);
-        let mut restored = Vec::with_capacity(locks.len());
-        for (lock, state) in locks {
-            // Any damaged or misfiled lock state aborts the whole restore:
-            // better no new epoch than a partial one.
-            let stored = guest.inspect_lease(&state)??;
-            if stored.lock != lock {
-                return Err(fencecheck::LeaseError::LockMismatch(stored.lock).into());
-            }
-            let (epoch, next) = guest.restore(Some(&state))??;
-            new_floor = new_floor.max(epoch);
-            restored.push((lock, next));
-        }
-        for (lock, next) in restored {
-            tx.execute(
-                "UPDATE fencecheck_leases SET state = ?2 WHERE lock = ?1",
-                params![lock, next],
-            )?;
-        }
+        let new_floor = rules::restored_floor(
+            guest,
+            from_sql(floor),
+            at_least,
+            locks.iter().map(|(l, s)| (l.as_bytes(), s.as_slice())),
+        )?;
         tx.execute(
             "UPDATE fencecheck_authority SET epoch_floor = ?1",
             [to_sql(new_floor)],

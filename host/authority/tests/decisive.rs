@@ -12,8 +12,8 @@ use anyhow::{Result, bail, ensure};
 use common::{Catalog, TempDir, World};
 use fencecheck::{Policy, Token};
 use fencecheck_authority::{
-    AcquireOutcome, AcquireResult, AuthorityError, Client, Clock, Coordinator, DriftBound, Grant,
-    Lease, ManualClock, ReleaseOutcome, RenewOutcome, WriteError, WriteOutcome,
+    AcquireOutcome, AcquireResult, AuthorityError, Client, Coordinator, DriftBound, Grant, Lease,
+    ManualClock, ReleaseOutcome, RenewOutcome, WriteError, WriteOutcome,
 };
 
 const LOCK: &str = "report/july";
@@ -393,11 +393,55 @@ fn retried_acquire_returns_the_same_grant() -> Result<()> {
     let first = world.coordinator.acquire(LOCK, "a7", TTL)?;
     world.coordinator_clock.advance(TTL - 1);
     let retry = world.coordinator.acquire(LOCK, "a7", TTL)?;
-    ensure!(first == retry, "{first:?} vs {retry:?}");
-    let AcquireOutcome::Acquired(Grant { token, .. }) = first else {
-        bail!("expected a grant")
+    let (AcquireOutcome::Acquired(first), AcquireOutcome::Acquired(retry)) = (first, retry) else {
+        bail!("expected two grants")
     };
-    ensure!(token.authority == world.coordinator.authority());
-    ensure!(world.coordinator_clock.now_ms() == TTL - 1);
+    // The same grant; only the time of the decision differs.
+    ensure!(
+        Grant {
+            decided_at: first.decided_at,
+            ..retry.clone()
+        } == first,
+        "{first:?} vs {retry:?}"
+    );
+    ensure!(retry.decided_at == TTL - 1 && retry.remaining_ms() == 1);
+    ensure!(first.token.authority == world.coordinator.authority());
+    Ok(())
+}
+
+/// A retried acquire (same lease id, after the first reply was lost) gets the
+/// original grant back; the client's deadline counts only the lease time the
+/// coordinator had left, not a fresh ttl from the retry's send time.
+#[test]
+fn retried_acquire_keeps_the_original_deadline() -> Result<()> {
+    let dir = TempDir::new("retry-deadline")?;
+    let world = World::on_file(&dir.join("fence.db"))?;
+    let local = Arc::new(ManualClock::new(0));
+    let client = world.client(local.clone());
+
+    // The first attempt is decided and committed, but its reply never arrives.
+    let AcquireOutcome::Acquired(lost_reply) = world.coordinator.acquire(LOCK, "a7", TTL)? else {
+        bail!("a fresh lock is free")
+    };
+    // The client times out after 20 s and retries with the same lease id.
+    world.coordinator_clock.advance(20_000);
+    local.advance(20_000);
+    let lease = acquired(client.acquire(LOCK, "a7", TTL))?;
+    ensure!(lease.token() == lost_reply.token, "the original grant");
+    ensure!(
+        lease.valid_until() == TTL,
+        "deadline {} must not exceed the coordinator's expiry {TTL}",
+        lease.valid_until()
+    );
+    ensure!(lease.remaining_ms() == 10_000);
+
+    // With a drift allowance the deadline is shorter still, never longer.
+    let drifting = Client::new(
+        world.coordinator.clone(),
+        local.clone(),
+        DriftBound::default(),
+    );
+    let lease = acquired(drifting.acquire(LOCK, "a7", TTL))?;
+    ensure!(lease.valid_until() < TTL, "{}", lease.valid_until());
     Ok(())
 }

@@ -244,3 +244,51 @@ fn restore_refuses_a_misfiled_state() -> Result<()> {
     ensure!(floor == 0);
     Ok(())
 }
+
+/// A restore writes only the epoch floor: no lock state changes, every
+/// lock's next grant is `(floor, 1)` (what rewriting each lock to its next
+/// epoch gave), and a lock whose stored epoch stands above the floor (a
+/// state written by the old per-lock restore) pushes the floor above it.
+#[test]
+fn restore_raises_only_the_floor() -> Result<()> {
+    let dir = TempDir::new("restore-floor")?;
+    let db = dir.join("coordinator.db");
+    let world = World::on_file(&db)?;
+    let auth = world.coordinator.authority();
+    for lock in ["a", "b", "c"] {
+        grant(world.coordinator.acquire(lock, "first", 1_000)?)?;
+    }
+    // "c" carries epoch 9 from an earlier per-lock restore.
+    let conn = rusqlite::Connection::open(&db)?;
+    let mut guest = runtime()?.instance()?;
+    let mut state: Vec<u8> = conn.query_row(
+        "SELECT state FROM fencecheck_leases WHERE lock = 'c'",
+        [],
+        |r| r.get(0),
+    )?;
+    for _ in 0..9 {
+        state = guest.restore(Some(&state))??.1;
+    }
+    conn.execute(
+        "UPDATE fencecheck_leases SET state = ?1 WHERE lock = 'c'",
+        [&state],
+    )?;
+    let states = |conn: &rusqlite::Connection| -> Result<Vec<Vec<u8>>> {
+        Ok(conn
+            .prepare("SELECT state FROM fencecheck_leases ORDER BY lock")?
+            .query_map([], |r| r.get(0))?
+            .collect::<Result<_, _>>()?)
+    };
+    let before = states(&conn)?;
+
+    let floor = world.coordinator.restore(3)?;
+    ensure!(floor == 10, "above c's epoch 9: {floor}");
+    ensure!(states(&conn)? == before, "restore rewrote a lock state");
+
+    world.coordinator_clock.advance(1_000);
+    for lock in ["a", "b", "c", "never-seen"] {
+        let next = grant(world.coordinator.acquire(lock, "second", 1_000)?)?;
+        ensure!(next.token == Token::new(auth, 10, 1), "{lock}: {next:?}");
+    }
+    Ok(())
+}
