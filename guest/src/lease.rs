@@ -16,6 +16,8 @@
 //! A holder's token may be from an earlier epoch than the lock's (after
 //! `restore`); it is always at or below the lock's `(epoch, counter)`.
 
+use core::fmt;
+
 use crate::frame::{self, FORMAT_VERSION, FrameError, Reader, Writer};
 use crate::types::{Corruption, Token};
 
@@ -171,8 +173,25 @@ pub enum LeaseError {
     Exhausted,
 }
 
+impl LeaseInvalidReason {
+    /// The reason's kebab-case name, as in WIT (`zero-ttl`…).
+    pub const fn name(self) -> &'static str {
+        match self {
+            LeaseInvalidReason::EmptyLock => "empty-lock",
+            LeaseInvalidReason::LockTooLong => "lock-too-long",
+            LeaseInvalidReason::EmptyLeaseId => "empty-lease-id",
+            LeaseInvalidReason::LeaseIdTooLong => "lease-id-too-long",
+            LeaseInvalidReason::ZeroTtl => "zero-ttl",
+            LeaseInvalidReason::ExpiryOverflow => "expiry-overflow",
+            LeaseInvalidReason::MissingToken => "missing-token",
+            LeaseInvalidReason::NoState => "no-state",
+        }
+    }
+}
+
 impl LeaseError {
     /// The error's kebab-case name, as in WIT and in conformance vectors.
+    /// Stable: hosts and clients match on it.
     pub fn name(&self) -> &'static str {
         match self {
             LeaseError::InvalidRequest(_) => "invalid-request",
@@ -183,7 +202,50 @@ impl LeaseError {
             LeaseError::Exhausted => "exhausted",
         }
     }
+
+    /// The kebab-case sub-case of `invalid-request` and `corrupt-state`
+    /// (`zero-ttl`, `checksum-mismatch`…); `None` for the other errors.
+    pub fn reason(&self) -> Option<&'static str> {
+        match self {
+            LeaseError::InvalidRequest(r) => Some(r.name()),
+            LeaseError::CorruptState(c) => Some(c.name()),
+            _ => None,
+        }
+    }
 }
+
+impl fmt::Display for LeaseInvalidReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// `name: detail`, e.g. `invalid-request: zero-ttl` or `lock-mismatch: the
+/// state belongs to lock "report/june"`. The name is stable; the detail is
+/// for people.
+impl fmt::Display for LeaseError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: ", self.name())?;
+        match self {
+            LeaseError::InvalidRequest(r) => f.write_str(r.name()),
+            LeaseError::CorruptState(c) => f.write_str(c.name()),
+            LeaseError::UnsupportedStateVersion(v) => write!(
+                f,
+                "the lease state has format version {v}, newer than this component reads"
+            ),
+            LeaseError::LockMismatch(l) => write!(f, "the state belongs to lock {l:?}"),
+            LeaseError::ForeignAuthority { stored, presented } => write!(
+                f,
+                "the lock is pinned to authority {stored}, the request is from {presented}"
+            ),
+            LeaseError::Exhausted => {
+                f.write_str("the lock's counter (or, for restore, its epoch) would overflow")
+            }
+        }
+    }
+}
+
+impl std::error::Error for LeaseError {}
 
 impl From<FrameError> for LeaseError {
     fn from(e: FrameError) -> Self {

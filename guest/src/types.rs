@@ -1,6 +1,7 @@
 //! The WIT contract's types, as plain Rust.
 
 use core::cmp::Ordering;
+use core::fmt;
 
 /// Longest scope accepted, in bytes of UTF-8.
 pub const MAX_SCOPE_BYTES: usize = 1024;
@@ -208,8 +209,35 @@ pub struct StateInfo {
     pub window: Vec<WindowEntry>,
 }
 
+impl InvalidReason {
+    /// The reason's kebab-case name, as in WIT (`missing-token`…).
+    pub const fn name(self) -> &'static str {
+        match self {
+            InvalidReason::MissingToken => "missing-token",
+            InvalidReason::EmptyScope => "empty-scope",
+            InvalidReason::ScopeTooLong => "scope-too-long",
+            InvalidReason::EmptyOpId => "empty-op-id",
+            InvalidReason::OpIdTooLong => "op-id-too-long",
+            InvalidReason::EqualTokenUnguarded => "equal-token-unguarded",
+        }
+    }
+}
+
+impl Corruption {
+    /// The case's kebab-case name, as in WIT (`checksum-mismatch`…).
+    pub const fn name(self) -> &'static str {
+        match self {
+            Corruption::Truncated => "truncated",
+            Corruption::LengthMismatch => "length-mismatch",
+            Corruption::ChecksumMismatch => "checksum-mismatch",
+            Corruption::Malformed => "malformed",
+        }
+    }
+}
+
 impl CheckError {
     /// The error's kebab-case name, as in WIT and in conformance vectors.
+    /// Stable: hosts and clients match on it.
     pub fn name(&self) -> &'static str {
         match self {
             CheckError::InvalidRequest(_) => "invalid-request",
@@ -220,7 +248,54 @@ impl CheckError {
             CheckError::Exhausted => "exhausted",
         }
     }
+
+    /// The kebab-case sub-case of `invalid-request` and `corrupt-state`
+    /// (`missing-token`, `checksum-mismatch`…); `None` for the other errors.
+    pub fn reason(&self) -> Option<&'static str> {
+        match self {
+            CheckError::InvalidRequest(r) => Some(r.name()),
+            CheckError::CorruptState(c) => Some(c.name()),
+            _ => None,
+        }
+    }
 }
+
+impl fmt::Display for InvalidReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl fmt::Display for Corruption {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// `name: detail`, e.g. `corrupt-state: checksum-mismatch` or
+/// `scope-mismatch: the state belongs to scope "report/june"`. The name is
+/// stable; the detail is for people.
+impl fmt::Display for CheckError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: ", self.name())?;
+        match self {
+            CheckError::InvalidRequest(r) => f.write_str(r.name()),
+            CheckError::CorruptState(c) => f.write_str(c.name()),
+            CheckError::UnsupportedStateVersion(v) => write!(
+                f,
+                "the state has format version {v}, newer than this component reads"
+            ),
+            CheckError::ScopeMismatch(s) => write!(f, "the state belongs to scope {s:?}"),
+            CheckError::ForeignAuthority { stored, presented } => write!(
+                f,
+                "the scope is pinned to authority {stored}, the token is from {presented}"
+            ),
+            CheckError::Exhausted => f.write_str("the scope's version counter would overflow"),
+        }
+    }
+}
+
+impl std::error::Error for CheckError {}
 
 impl Decision {
     /// The outcome's kebab-case name, as in WIT and in conformance vectors.
@@ -231,5 +306,62 @@ impl Decision {
             Decision::StaleFence { .. } => "stale-fence",
             Decision::VersionConflict { .. } => "version-conflict",
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lease::{LeaseError, LeaseInvalidReason};
+
+    /// Every error prints as `name: detail`, its name is the WIT case, and
+    /// the sub-case of invalid-request / corrupt-state is the detail itself.
+    #[test]
+    fn errors_name_themselves() {
+        let checks = [
+            (
+                CheckError::InvalidRequest(InvalidReason::EqualTokenUnguarded),
+                "invalid-request: equal-token-unguarded",
+            ),
+            (
+                CheckError::CorruptState(Corruption::LengthMismatch),
+                "corrupt-state: length-mismatch",
+            ),
+            (
+                CheckError::UnsupportedStateVersion(2),
+                "unsupported-state-version: the state has format version 2, newer than this component reads",
+            ),
+            (
+                CheckError::ScopeMismatch("a".into()),
+                "scope-mismatch: the state belongs to scope \"a\"",
+            ),
+            (
+                CheckError::ForeignAuthority {
+                    stored: 1,
+                    presented: 2,
+                },
+                "foreign-authority: the scope is pinned to authority 1, the token is from 2",
+            ),
+            (
+                CheckError::Exhausted,
+                "exhausted: the scope's version counter would overflow",
+            ),
+        ];
+        for (e, text) in checks {
+            assert_eq!(e.to_string(), text);
+            assert!(text.starts_with(e.name()));
+        }
+        assert_eq!(
+            CheckError::CorruptState(Corruption::Truncated).reason(),
+            Some("truncated")
+        );
+        assert_eq!(CheckError::Exhausted.reason(), None);
+        let lease = LeaseError::InvalidRequest(LeaseInvalidReason::ZeroTtl);
+        assert_eq!(lease.to_string(), "invalid-request: zero-ttl");
+        assert_eq!(lease.reason(), Some("zero-ttl"));
+        assert_eq!(
+            LeaseError::LockMismatch("b".into()).to_string(),
+            "lock-mismatch: the state belongs to lock \"b\""
+        );
     }
 }

@@ -54,8 +54,8 @@ pub enum Authority {
     },
     /// After restoring the database from a backup: start a new epoch above
     /// every epoch it knows and above `--at-least` (default: the current Unix
-    /// time in seconds, which also stays above earlier restores of the same
-    /// backup). Prints the new epoch floor.
+    /// time in milliseconds, which also stays above earlier restores of the
+    /// same backup, even two within one second). Prints the new epoch floor.
     Restore {
         /// Coordinator database.
         #[arg(long)]
@@ -132,7 +132,7 @@ pub fn run(runtime: &Runtime, command: Authority) -> Result<ExitCode> {
             let at_least = at_least.unwrap_or_else(|| {
                 std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0, |d| d.as_secs())
+                    .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
             });
             let floor = open(runtime, &db)?.restore(at_least)?;
             println!("restored epoch-floor {floor}");

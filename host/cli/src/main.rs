@@ -138,19 +138,12 @@ fn run() -> Result<ExitCode> {
             // Lease states carry the magic "LS"; everything else is read as a
             // fence state (whose decoder reports anything it cannot read).
             let json = if bytes.starts_with(b"LS") {
-                let info = guest.inspect_lease(&bytes)?.map_err(|e| {
-                    anyhow::anyhow!(
-                        "{}",
-                        fencecheck::vectors::describe_lease(
-                            &fencecheck::vectors::LeaseOutcome::Restore(Err(e))
-                        )
-                    )
-                })?;
+                let info = guest
+                    .inspect_lease(&bytes)?
+                    .map_err(|e| anyhow::anyhow!("{e}"))?;
                 serde_json::to_string_pretty(&info)?
             } else {
-                let info = guest
-                    .inspect(&bytes)?
-                    .map_err(|e| anyhow::anyhow!("{}", fencecheck::vectors::describe(&Err(e))))?;
+                let info = guest.inspect(&bytes)?.map_err(|e| anyhow::anyhow!("{e}"))?;
                 serde_json::to_string_pretty(&info)?
             };
             println!("{json}");

@@ -12,7 +12,7 @@ use std::io::{BufRead, Write};
 use std::path::Path;
 
 use anyhow::{Context, Result, bail};
-use fencecheck::vectors::{CheckStep, reason};
+use fencecheck::vectors::{CheckStep, DamageArgs, damage};
 use fencecheck::{CheckError, Checker, Decision, Outcome, Token};
 use serde_json::{Map, Value};
 
@@ -127,8 +127,13 @@ pub fn run(checker: &mut dyn Checker, path: &Path) -> Result<()> {
             .with_context(|| format!("line {n}: needs `slot`"))?;
         match (&line.check, &line.damage) {
             (None, Some(kind)) => {
-                let after = damage(slots.remove(&slot), kind, &line)
-                    .map_err(|e| anyhow::anyhow!("line {n}: {e}"))?;
+                let mut after = slots.remove(&slot);
+                let args = DamageArgs {
+                    bit: line.bit,
+                    len: line.len,
+                    hex: line.hex.as_deref(),
+                };
+                damage(&mut after, kind, args).map_err(|e| anyhow::anyhow!("line {n}: {e}"))?;
                 writeln!(
                     out,
                     r#"{{"line":{n},"damage":"{kind}","state":{}}}"#,
@@ -220,7 +225,7 @@ fn fields(outcome: &Outcome) -> String {
             // Infallible: writing into a String.
             let _ = match e {
                 CheckError::InvalidRequest(_) | CheckError::CorruptState(_) => {
-                    write!(s, r#","reason":"{}""#, reason(e).unwrap_or("none"))
+                    write!(s, r#","reason":"{}""#, e.reason().unwrap_or("none"))
                 }
                 CheckError::UnsupportedStateVersion(v) => write!(s, r#","format":{v}"#),
                 CheckError::ScopeMismatch(scope) => {
@@ -238,44 +243,4 @@ fn fields(outcome: &Outcome) -> String {
 
 fn hex(state: Option<&[u8]>) -> String {
     state.map_or_else(|| "null".into(), |b| format!("\"{}\"", hex::encode(b)))
-}
-
-/// A vector-style damage step on one slot (tests/vectors/README.md).
-fn damage(state: Option<Vec<u8>>, kind: &str, line: &Line) -> Result<Option<Vec<u8>>, String> {
-    let hex_arg = || -> Result<Vec<u8>, String> {
-        let text = line.hex.as_deref().ok_or(format!("`{kind}` needs `hex`"))?;
-        hex::decode(text).map_err(|e| format!("bad hex: {e}"))
-    };
-    Ok(match kind {
-        "flip-bit" => {
-            let bit = line.bit.ok_or("`flip-bit` needs `bit`")?;
-            state.map(|mut bytes| {
-                let bits = (bytes.len() as u64).saturating_mul(8);
-                if bits > 0 {
-                    let at = bit % bits;
-                    if let Some(byte) = bytes.get_mut((at / 8) as usize) {
-                        *byte ^= 1 << (at % 8);
-                    }
-                }
-                bytes
-            })
-        }
-        "truncate" => {
-            let len = line.len.ok_or("`truncate` needs `len`")?;
-            state.map(|mut bytes| {
-                bytes.truncate(usize::try_from(len).unwrap_or(usize::MAX));
-                bytes
-            })
-        }
-        "append" => {
-            let extra = hex_arg()?;
-            state.map(|mut bytes| {
-                bytes.extend_from_slice(&extra);
-                bytes
-            })
-        }
-        "replace" => Some(hex_arg()?),
-        "clear" => None,
-        other => return Err(format!("unknown damage kind {other:?}")),
-    })
 }

@@ -14,7 +14,8 @@
 //!   memory; re-instantiated after a trap, which is reported as [`Error::Trapped`].
 //! - [`Native`]: the reference implementation, compiled from the same guest
 //!   source; implements the same [`Checker`] trait.
-//! - [`vectors`]: the cross-runtime conformance runner (DESIGN.md's format).
+//! - `vectors` (feature `vectors`): the cross-runtime conformance runner
+//!   (docs/design.md); not part of the embedding API.
 //! - [`TokenText`]: the canonical text form of a token (`EPOCH.COUNTER` or
 //!   `AUTHORITY:EPOCH.COUNTER`), shared by the CLI, SQL and HTTP.
 //!
@@ -46,12 +47,17 @@
 //! ```
 #![deny(clippy::expect_used, clippy::panic)]
 
+mod abi;
+mod checker;
 mod error;
+mod instance;
 mod packed;
 mod runtime;
 mod text;
+#[cfg(feature = "vectors")]
 pub mod vectors;
 
+pub use checker::{Checker, Native};
 pub use error::Error;
 pub use fencecheck_guest::{
     Acquire, AcquireRequest, BatchError, CheckError, Corruption, Decision, FORMAT_VERSION, Holder,
@@ -59,7 +65,8 @@ pub use fencecheck_guest::{
     MAX_OP_ID_BYTES, MAX_SCOPE_BYTES, Policy, Release, ReleaseRequest, Renew, RenewRequest,
     Request, StateInfo, Token, WINDOW_CAPACITY, WindowEntry,
 };
-pub use runtime::{COMPONENT, Checker, Instance, Limits, Native, Runtime};
+pub use instance::Instance;
+pub use runtime::{COMPONENT, Limits, Runtime};
 pub use text::{TokenText, TokenTextError};
 
 /// A decision, or the reason no decision could be made. Either way it is

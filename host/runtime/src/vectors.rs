@@ -17,8 +17,8 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use crate::{Acquire, AcquireRequest, LeaseError, LeaseInvalidReason, Release, ReleaseRequest};
-use crate::{CheckError, Checker, Corruption, Decision, Error, InvalidReason, Outcome, Policy};
+use crate::{Acquire, AcquireRequest, LeaseError, Release, ReleaseRequest};
+use crate::{Checker, Decision, Error, Outcome, Policy};
 use crate::{Renew, RenewRequest, Request, Token};
 
 /// A parsed vector file.
@@ -318,7 +318,20 @@ fn run_step(
                 return Ok((None, None, Some(format!("unknown state slot {other:?}"))));
             }
         };
-        return Ok((None, None, damage(slot, kind, step).err()));
+        return Ok((
+            None,
+            None,
+            damage(
+                slot,
+                kind,
+                DamageArgs {
+                    bit: step.bit,
+                    len: step.len,
+                    hex: step.hex.as_deref(),
+                },
+            )
+            .err(),
+        ));
     }
     let Some(expect) = &step.expect else {
         return Ok((None, None, Some("step without `expect`".into())));
@@ -402,7 +415,7 @@ pub fn compare_lease(expect: &Expect, outcome: &LeaseOutcome) -> Result<(), Stri
         return field(
             "reason",
             expect.reason.as_deref(),
-            lease_reason(e).unwrap_or("none"),
+            e.reason().unwrap_or("none"),
         );
     }
     match outcome {
@@ -422,24 +435,6 @@ pub fn compare_lease(expect: &Expect, outcome: &LeaseOutcome) -> Result<(), Stri
         LeaseOutcome::Restore(Ok((epoch, _))) => field("epoch", expect.epoch, *epoch),
         _ => Ok(()),
     }
-}
-
-/// The kebab-case sub-case of a lease error, if it has one.
-pub fn lease_reason(e: &LeaseError) -> Option<&'static str> {
-    Some(match e {
-        LeaseError::InvalidRequest(r) => match r {
-            LeaseInvalidReason::EmptyLock => "empty-lock",
-            LeaseInvalidReason::LockTooLong => "lock-too-long",
-            LeaseInvalidReason::EmptyLeaseId => "empty-lease-id",
-            LeaseInvalidReason::LeaseIdTooLong => "lease-id-too-long",
-            LeaseInvalidReason::ZeroTtl => "zero-ttl",
-            LeaseInvalidReason::ExpiryOverflow => "expiry-overflow",
-            LeaseInvalidReason::MissingToken => "missing-token",
-            LeaseInvalidReason::NoState => "no-state",
-        },
-        LeaseError::CorruptState(c) => corruption_name(*c),
-        _ => return None,
-    })
 }
 
 /// A one-line description of a lease outcome, starting with its name.
@@ -464,30 +459,37 @@ pub fn describe_lease(outcome: &LeaseOutcome) -> String {
         LeaseOutcome::Acquire(Err(e))
         | LeaseOutcome::Renew(Err(e))
         | LeaseOutcome::Release(Err(e))
-        | LeaseOutcome::Restore(Err(e)) => match lease_reason(e) {
+        | LeaseOutcome::Restore(Err(e)) => match e.reason() {
             Some(r) => format!("error {} ({r})", e.name()),
             None => format!("error {}", e.name()),
         },
     }
 }
 
-fn corruption_name(c: Corruption) -> &'static str {
-    match c {
-        Corruption::Truncated => "truncated",
-        Corruption::LengthMismatch => "length-mismatch",
-        Corruption::ChecksumMismatch => "checksum-mismatch",
-        Corruption::Malformed => "malformed",
-    }
+/// The arguments of a damage step, as vector files and agreement sequences
+/// spell them (`bit` for `flip-bit`, `len` for `truncate`, `hex` for
+/// `append` and `replace`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DamageArgs<'a> {
+    /// `flip-bit`: the bit index (wraps modulo the state's length in bits).
+    pub bit: Option<u64>,
+    /// `truncate`: how many bytes to keep.
+    pub len: Option<u64>,
+    /// `append`, `replace`: the bytes, in hex.
+    pub hex: Option<&'a str>,
 }
 
-fn damage(state: &mut Option<Vec<u8>>, kind: &str, step: &Step) -> Result<(), String> {
+/// Apply one damage step (`flip-bit`, `truncate`, `append`, `replace`,
+/// `clear`) to a stored state slot; tests/vectors/README.md defines them. On
+/// a slot without state only `replace` creates bytes.
+pub fn damage(state: &mut Option<Vec<u8>>, kind: &str, args: DamageArgs<'_>) -> Result<(), String> {
     let hex_arg = || -> Result<Vec<u8>, String> {
-        let text = step.hex.as_deref().ok_or(format!("`{kind}` needs `hex`"))?;
+        let text = args.hex.ok_or(format!("`{kind}` needs `hex`"))?;
         hex::decode(text).map_err(|e| format!("bad hex: {e}"))
     };
     match kind {
         "flip-bit" => {
-            let bit = step.bit.ok_or("`flip-bit` needs `bit`")?;
+            let bit = args.bit.ok_or("`flip-bit` needs `bit`")?;
             if let Some(bytes) = state.as_mut() {
                 let bits = (bytes.len() as u64).saturating_mul(8);
                 if bits > 0 {
@@ -499,7 +501,7 @@ fn damage(state: &mut Option<Vec<u8>>, kind: &str, step: &Step) -> Result<(), St
             }
         }
         "truncate" => {
-            let len = step.len.ok_or("`truncate` needs `len`")?;
+            let len = args.len.ok_or("`truncate` needs `len`")?;
             if let Some(bytes) = state.as_mut() {
                 bytes.truncate(usize::try_from(len).unwrap_or(usize::MAX));
             }
@@ -566,26 +568,10 @@ pub fn compare(expect: &Expect, outcome: &Outcome) -> Result<(), String> {
             field(
                 "reason",
                 expect.reason.as_deref(),
-                reason(e).unwrap_or("none"),
+                e.reason().unwrap_or("none"),
             )
         }
     }
-}
-
-/// The kebab-case sub-case of an error, if it has one.
-pub fn reason(e: &CheckError) -> Option<&'static str> {
-    Some(match e {
-        CheckError::InvalidRequest(r) => match r {
-            InvalidReason::MissingToken => "missing-token",
-            InvalidReason::EmptyScope => "empty-scope",
-            InvalidReason::ScopeTooLong => "scope-too-long",
-            InvalidReason::EmptyOpId => "empty-op-id",
-            InvalidReason::OpIdTooLong => "op-id-too-long",
-            InvalidReason::EqualTokenUnguarded => "equal-token-unguarded",
-        },
-        CheckError::CorruptState(c) => corruption_name(*c),
-        _ => return None,
-    })
 }
 
 /// A one-line description of an outcome, for failure lines.
@@ -603,7 +589,7 @@ pub fn describe(outcome: &Outcome) -> String {
         Ok(Decision::VersionConflict { expected, actual }) => {
             format!("version-conflict (expected {expected}, actual {actual})")
         }
-        Err(e) => match reason(e) {
+        Err(e) => match e.reason() {
             Some(r) => format!("error {} ({r})", e.name()),
             None => format!("error {}", e.name()),
         },

@@ -126,21 +126,10 @@ fn request<'a>(args: &[Arg<'a>]) -> Result<(Option<&'a [u8]>, Request), SqlError
     Ok((state, request))
 }
 
-/// `corrupt-state: checksum-mismatch`, `scope-mismatch: …`.
+/// `corrupt-state: checksum-mismatch`, `scope-mismatch: …`: the error's own
+/// `name: detail` text, so every host words it the same.
 fn check_error(e: &CheckError) -> SqlError {
-    let detail = match (fencecheck::vectors::reason(e), e) {
-        (Some(reason), _) => reason.to_string(),
-        (None, CheckError::UnsupportedStateVersion(v)) => {
-            format!("the state has format version {v}, newer than this component reads")
-        }
-        (None, CheckError::ScopeMismatch(s)) => format!("the state belongs to scope {s:?}"),
-        (None, CheckError::ForeignAuthority { stored, presented }) => {
-            format!("the scope is pinned to authority {stored}, the token is from {presented}")
-        }
-        (None, CheckError::Exhausted) => "the scope's version counter would overflow".into(),
-        (None, other) => format!("{other:?}"),
-    };
-    SqlError::new(e.name(), detail)
+    SqlError(e.to_string())
 }
 
 /// Infrastructure failures: named apart from every domain outcome.

@@ -1,0 +1,118 @@
+//! The [`Checker`] trait every way of running the rule implements, and the
+//! [`Native`] reference: the guest's source compiled into this process.
+
+use crate::{
+    Acquire, AcquireRequest, CheckError, Error, LeaseError, LeaseInfo, Outcome, Release,
+    ReleaseRequest, Renew, RenewRequest, Request, StateInfo,
+};
+
+/// Anything that can make the fence decision: the wasm [`Instance`] or the
+/// [`Native`] reference. The conformance runner and the tests drive both
+/// through this trait.
+pub trait Checker {
+    /// Decide one request against a scope's state (`None`: never accepted a token).
+    fn check(&mut self, state: Option<&[u8]>, request: &Request) -> Result<Outcome, Error>;
+
+    /// Decide independent state/request pairs; results in input order, each
+    /// exactly what [`Checker::check`] would return for that pair.
+    fn check_batch(&mut self, items: &[(Option<&[u8]>, &Request)]) -> Result<Vec<Outcome>, Error>;
+
+    /// Decode a stored state.
+    fn inspect(&mut self, state: &[u8]) -> Result<Result<StateInfo, CheckError>, Error>;
+
+    /// Lease authority: acquire a lock (see `wit/fence.wit`, interface `lease`).
+    fn acquire(
+        &mut self,
+        state: Option<&[u8]>,
+        request: &AcquireRequest,
+    ) -> Result<Result<Acquire, LeaseError>, Error>;
+
+    /// Lease authority: renew the exact current lease.
+    fn renew(
+        &mut self,
+        state: Option<&[u8]>,
+        request: &RenewRequest,
+    ) -> Result<Result<Renew, LeaseError>, Error>;
+
+    /// Lease authority: release the exact current lease.
+    fn release(
+        &mut self,
+        state: Option<&[u8]>,
+        request: &ReleaseRequest,
+    ) -> Result<Result<Release, LeaseError>, Error>;
+
+    /// Lease authority: start the lock's next epoch; returns it and the new state.
+    fn restore(
+        &mut self,
+        state: Option<&[u8]>,
+    ) -> Result<Result<(u64, Vec<u8>), LeaseError>, Error>;
+
+    /// Decode a stored lease state.
+    fn inspect_lease(&mut self, state: &[u8]) -> Result<Result<LeaseInfo, LeaseError>, Error>;
+
+    /// A short name for reports (`wasm`, `native`).
+    fn runtime_name(&self) -> &'static str;
+}
+
+/// The native reference: the guest's source compiled into this process.
+///
+/// It never returns an infrastructure [`Error`]; it exists so that every wasm
+/// decision can be compared against it, and as a baseline for benchmarks.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Native;
+
+impl Checker for Native {
+    fn check(&mut self, state: Option<&[u8]>, request: &Request) -> Result<Outcome, Error> {
+        Ok(fencecheck_guest::check(state, request))
+    }
+
+    fn check_batch(&mut self, items: &[(Option<&[u8]>, &Request)]) -> Result<Vec<Outcome>, Error> {
+        Ok(items
+            .iter()
+            .map(|(state, request)| fencecheck_guest::check(*state, request))
+            .collect())
+    }
+
+    fn inspect(&mut self, state: &[u8]) -> Result<Result<StateInfo, CheckError>, Error> {
+        Ok(fencecheck_guest::inspect(state))
+    }
+
+    fn acquire(
+        &mut self,
+        state: Option<&[u8]>,
+        request: &AcquireRequest,
+    ) -> Result<Result<Acquire, LeaseError>, Error> {
+        Ok(fencecheck_guest::acquire(state, request))
+    }
+
+    fn renew(
+        &mut self,
+        state: Option<&[u8]>,
+        request: &RenewRequest,
+    ) -> Result<Result<Renew, LeaseError>, Error> {
+        Ok(fencecheck_guest::renew(state, request))
+    }
+
+    fn release(
+        &mut self,
+        state: Option<&[u8]>,
+        request: &ReleaseRequest,
+    ) -> Result<Result<Release, LeaseError>, Error> {
+        Ok(fencecheck_guest::release(state, request))
+    }
+
+    fn restore(
+        &mut self,
+        state: Option<&[u8]>,
+    ) -> Result<Result<(u64, Vec<u8>), LeaseError>, Error> {
+        Ok(fencecheck_guest::restore(state))
+    }
+
+    fn inspect_lease(&mut self, state: &[u8]) -> Result<Result<LeaseInfo, LeaseError>, Error> {
+        Ok(fencecheck_guest::inspect_lease(state))
+    }
+
+    fn runtime_name(&self) -> &'static str {
+        "native"
+    }
+}

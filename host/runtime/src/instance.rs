@@ -1,0 +1,382 @@
+//! [`Instance`]: one instantiation of the component, for one thread or
+//! connection, every call bounded by fuel and memory.
+
+use wasmtime::Store;
+
+use crate::abi::{
+    check_abi as abi, error_in, info_in, lease_abi, lease_error_in, outcome_in, request_bytes,
+    request_out, token_in, token_out, wit,
+};
+use crate::runtime::Limiter;
+use crate::{
+    Acquire, AcquireRequest, CheckError, Checker, Error, Holder, LeaseError, LeaseInfo, Outcome,
+    Release, ReleaseRequest, Renew, RenewRequest, Request, Runtime, StateInfo,
+};
+
+/// One instance of the component, for one thread or connection at a time.
+///
+/// Every call is bounded by fuel and by the instance's memory limit. If the
+/// guest traps, the call returns [`Error::Trapped`], nothing was decided, and
+/// the instance is replaced before the next call.
+pub struct Instance {
+    runtime: Runtime,
+    store: Store<Limiter>,
+    bindings: wit::Fencecheck,
+}
+
+impl std::fmt::Debug for Instance {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Instance").finish_non_exhaustive()
+    }
+}
+
+impl Instance {
+    pub(crate) fn new(runtime: Runtime) -> Result<Self, Error> {
+        let (store, bindings) = runtime.instantiate()?;
+        Ok(Self {
+            runtime,
+            store,
+            bindings,
+        })
+    }
+
+    /// Decide one request; see [`Checker::check`].
+    pub fn check(&mut self, state: Option<&[u8]>, request: &Request) -> Result<Outcome, Error> {
+        const CALL: &str = "check";
+        self.bound(CALL, request_bytes(state, request))?;
+        let abi_request = request_out(request);
+        let fuel = self.runtime.shared.limits.fuel_per_check;
+        let result = self.call(CALL, fuel, |b, store| {
+            b.fencecheck_fence_check()
+                .call_check(store, state, abi_request)
+        })?;
+        Ok(outcome_in(result))
+    }
+
+    /// Decide many independent pairs in one crossing; see [`Checker::check_batch`].
+    ///
+    /// Uses the component's `check-packed` export: the batch crosses as one
+    /// byte buffer each way, which costs far less per item than the typed
+    /// `check-batch` (see BENCHMARKS.md). The outcomes are identical.
+    pub fn check_batch(
+        &mut self,
+        items: &[(Option<&[u8]>, &Request)],
+    ) -> Result<Vec<Outcome>, Error> {
+        const CALL: &str = "check-packed";
+        let packed = crate::packed::encode(items).ok_or(Error::TooLarge {
+            call: CALL,
+            bytes: usize::MAX,
+            limit: self.runtime.shared.limits.call_bytes,
+        })?;
+        self.bound(CALL, packed.len())?;
+        let fuel = self.batch_fuel(items.len());
+        let result = self.call(CALL, fuel, |b, store| {
+            b.fencecheck_fence_check().call_check_packed(store, &packed)
+        })?;
+        let output = result.map_err(|abi::BatchError::Malformed| Error::Protocol {
+            call: CALL,
+            message: "the guest refused the host's encoding as malformed".into(),
+        })?;
+        crate::packed::decode(&output, items.len()).map_err(|message| Error::Protocol {
+            call: CALL,
+            message,
+        })
+    }
+
+    /// Send an already-packed batch to `check-packed` and return the guest's
+    /// packed outcomes as they are (format: `wit/fence.wit`). For hosts and
+    /// tests that do their own encoding; most callers want [`Instance::check_batch`].
+    pub fn check_packed_raw(
+        &mut self,
+        batch: &[u8],
+    ) -> Result<Result<Vec<u8>, crate::BatchError>, Error> {
+        const CALL: &str = "check-packed";
+        self.bound(CALL, batch.len())?;
+        // A raw batch may hold up to len / 29 items; fuel for that many.
+        let fuel = self.batch_fuel(batch.len() / 29);
+        let result = self.call(CALL, fuel, |b, store| {
+            b.fencecheck_fence_check().call_check_packed(store, batch)
+        })?;
+        Ok(result.map_err(|abi::BatchError::Malformed| crate::BatchError::Malformed))
+    }
+
+    /// [`Instance::check_batch`] through the typed `check-batch` export (a
+    /// `list<batch-item>` each way), kept for comparison in tests and benches.
+    pub fn check_batch_typed(
+        &mut self,
+        items: &[(Option<&[u8]>, &Request)],
+    ) -> Result<Vec<Outcome>, Error> {
+        const CALL: &str = "check-batch";
+        let bytes = items
+            .iter()
+            .map(|(s, r)| request_bytes(*s, r))
+            .fold(0usize, usize::saturating_add);
+        self.bound(CALL, bytes)?;
+        let abi_items: Vec<abi::BatchItem> = items
+            .iter()
+            .map(|(state, request)| abi::BatchItem {
+                state: *state,
+                request: request_out(request),
+            })
+            .collect();
+        let fuel = self.batch_fuel(items.len());
+        let results = self.call(CALL, fuel, |b, store| {
+            b.fencecheck_fence_check()
+                .call_check_batch(store, &abi_items)
+        })?;
+        if results.len() != items.len() {
+            // A guest bug, not a decision: refuse to guess which result is whose.
+            return Err(Error::Protocol {
+                call: CALL,
+                message: format!(
+                    "returned {} results for {} items",
+                    results.len(),
+                    items.len()
+                ),
+            });
+        }
+        Ok(results.into_iter().map(outcome_in).collect())
+    }
+
+    fn batch_fuel(&self, items: usize) -> u64 {
+        let count = u64::try_from(items.max(1)).unwrap_or(u64::MAX);
+        self.runtime
+            .shared
+            .limits
+            .fuel_per_check
+            .saturating_mul(count)
+    }
+
+    /// Decode a stored state; see [`Checker::inspect`].
+    pub fn inspect(&mut self, state: &[u8]) -> Result<Result<StateInfo, CheckError>, Error> {
+        const CALL: &str = "inspect";
+        self.bound(CALL, state.len())?;
+        let fuel = self.runtime.shared.limits.fuel_per_check;
+        let result = self.call(CALL, fuel, |b, store| {
+            b.fencecheck_fence_check().call_inspect(store, state)
+        })?;
+        Ok(result.map(info_in).map_err(error_in))
+    }
+
+    /// Acquire a lock; see [`Checker::acquire`].
+    pub fn acquire(
+        &mut self,
+        state: Option<&[u8]>,
+        request: &AcquireRequest,
+    ) -> Result<Result<Acquire, LeaseError>, Error> {
+        const CALL: &str = "acquire";
+        let bytes = state
+            .map_or(0, <[u8]>::len)
+            .saturating_add(request.lock.len())
+            .saturating_add(request.lease_id.len());
+        self.bound(CALL, bytes)?;
+        let abi_request = lease_abi::AcquireRequest {
+            lock: &request.lock,
+            lease_id: &request.lease_id,
+            authority: request.authority,
+            epoch_floor: request.epoch_floor,
+            now: request.now,
+            ttl: request.ttl,
+        };
+        let fuel = self.runtime.shared.limits.fuel_per_check;
+        let result = self.call(CALL, fuel, |b, store| {
+            b.fencecheck_fence_lease()
+                .call_acquire(store, state, abi_request)
+        })?;
+        Ok(match result {
+            Ok(lease_abi::AcquireOutcome::Acquired(a)) => Ok(Acquire::Acquired {
+                token: token_in(a.token),
+                expires_at: a.expires_at,
+                state: a.state,
+            }),
+            Ok(lease_abi::AcquireOutcome::Busy(b)) => Ok(Acquire::Busy {
+                holder: b.holder,
+                expires_at: b.expires_at,
+            }),
+            Err(e) => Err(lease_error_in(e)),
+        })
+    }
+
+    /// Renew the exact current lease; see [`Checker::renew`].
+    pub fn renew(
+        &mut self,
+        state: Option<&[u8]>,
+        request: &RenewRequest,
+    ) -> Result<Result<Renew, LeaseError>, Error> {
+        const CALL: &str = "renew";
+        let bytes = state
+            .map_or(0, <[u8]>::len)
+            .saturating_add(request.lease_id.len());
+        self.bound(CALL, bytes)?;
+        let abi_request = lease_abi::RenewRequest {
+            lease_id: &request.lease_id,
+            token: token_out(request.token),
+            now: request.now,
+            ttl: request.ttl,
+        };
+        let fuel = self.runtime.shared.limits.fuel_per_check;
+        let result = self.call(CALL, fuel, |b, store| {
+            b.fencecheck_fence_lease()
+                .call_renew(store, state, abi_request)
+        })?;
+        Ok(match result {
+            Ok(lease_abi::RenewOutcome::Renewed(r)) => Ok(Renew::Renewed {
+                expires_at: r.expires_at,
+                state: r.state,
+            }),
+            Ok(lease_abi::RenewOutcome::Lost) => Ok(Renew::Lost),
+            Err(e) => Err(lease_error_in(e)),
+        })
+    }
+
+    /// Release the exact current lease; see [`Checker::release`].
+    pub fn release(
+        &mut self,
+        state: Option<&[u8]>,
+        request: &ReleaseRequest,
+    ) -> Result<Result<Release, LeaseError>, Error> {
+        const CALL: &str = "release";
+        let bytes = state
+            .map_or(0, <[u8]>::len)
+            .saturating_add(request.lease_id.len());
+        self.bound(CALL, bytes)?;
+        let abi_request = lease_abi::ReleaseRequest {
+            lease_id: &request.lease_id,
+            token: token_out(request.token),
+        };
+        let fuel = self.runtime.shared.limits.fuel_per_check;
+        let result = self.call(CALL, fuel, |b, store| {
+            b.fencecheck_fence_lease()
+                .call_release(store, state, abi_request)
+        })?;
+        Ok(match result {
+            Ok(lease_abi::ReleaseOutcome::Released(state)) => Ok(Release::Released { state }),
+            Ok(lease_abi::ReleaseOutcome::NotOwner) => Ok(Release::NotOwner),
+            Err(e) => Err(lease_error_in(e)),
+        })
+    }
+
+    /// Start the lock's next epoch; see [`Checker::restore`].
+    pub fn restore(
+        &mut self,
+        state: Option<&[u8]>,
+    ) -> Result<Result<(u64, Vec<u8>), LeaseError>, Error> {
+        const CALL: &str = "restore";
+        self.bound(CALL, state.map_or(0, <[u8]>::len))?;
+        let fuel = self.runtime.shared.limits.fuel_per_check;
+        let result = self.call(CALL, fuel, |b, store| {
+            b.fencecheck_fence_lease().call_restore(store, state)
+        })?;
+        Ok(result.map(|r| (r.epoch, r.state)).map_err(lease_error_in))
+    }
+
+    /// Decode a stored lease state; see [`Checker::inspect_lease`].
+    pub fn inspect_lease(&mut self, state: &[u8]) -> Result<Result<LeaseInfo, LeaseError>, Error> {
+        const CALL: &str = "lease.inspect";
+        self.bound(CALL, state.len())?;
+        let fuel = self.runtime.shared.limits.fuel_per_check;
+        let result = self.call(CALL, fuel, |b, store| {
+            b.fencecheck_fence_lease().call_inspect(store, state)
+        })?;
+        Ok(result
+            .map(|i| LeaseInfo {
+                format_version: i.format_version,
+                lock: i.lock,
+                authority: i.authority,
+                epoch: i.epoch,
+                counter: i.counter,
+                holder: i.holder.map(|h| Holder {
+                    lease_id: h.lease_id,
+                    token: token_in(h.token),
+                    expires_at: h.expires_at,
+                }),
+            })
+            .map_err(lease_error_in))
+    }
+
+    fn bound(&self, call: &'static str, bytes: usize) -> Result<(), Error> {
+        let limit = self.runtime.shared.limits.call_bytes;
+        if bytes > limit {
+            return Err(Error::TooLarge { call, bytes, limit });
+        }
+        Ok(())
+    }
+
+    /// Run one export with a fresh fuel budget; on a trap, replace the
+    /// instance (its memory may be inconsistent) and report the trap.
+    fn call<T>(
+        &mut self,
+        call: &'static str,
+        fuel: u64,
+        f: impl FnOnce(&wit::Fencecheck, &mut Store<Limiter>) -> wasmtime::Result<T>,
+    ) -> Result<T, Error> {
+        let trapped = |e: wasmtime::Error| Error::Trapped {
+            call,
+            message: format!("{e:#}"),
+        };
+        self.store.set_fuel(fuel).map_err(trapped)?;
+        match f(&self.bindings, &mut self.store) {
+            Ok(value) => Ok(value),
+            Err(e) => {
+                let error = trapped(e);
+                let (store, bindings) = self.runtime.instantiate()?;
+                self.store = store;
+                self.bindings = bindings;
+                Err(error)
+            }
+        }
+    }
+}
+
+impl Checker for Instance {
+    fn check(&mut self, state: Option<&[u8]>, request: &Request) -> Result<Outcome, Error> {
+        Instance::check(self, state, request)
+    }
+
+    fn check_batch(&mut self, items: &[(Option<&[u8]>, &Request)]) -> Result<Vec<Outcome>, Error> {
+        Instance::check_batch(self, items)
+    }
+
+    fn inspect(&mut self, state: &[u8]) -> Result<Result<StateInfo, CheckError>, Error> {
+        Instance::inspect(self, state)
+    }
+
+    fn acquire(
+        &mut self,
+        state: Option<&[u8]>,
+        request: &AcquireRequest,
+    ) -> Result<Result<Acquire, LeaseError>, Error> {
+        Instance::acquire(self, state, request)
+    }
+
+    fn renew(
+        &mut self,
+        state: Option<&[u8]>,
+        request: &RenewRequest,
+    ) -> Result<Result<Renew, LeaseError>, Error> {
+        Instance::renew(self, state, request)
+    }
+
+    fn release(
+        &mut self,
+        state: Option<&[u8]>,
+        request: &ReleaseRequest,
+    ) -> Result<Result<Release, LeaseError>, Error> {
+        Instance::release(self, state, request)
+    }
+
+    fn restore(
+        &mut self,
+        state: Option<&[u8]>,
+    ) -> Result<Result<(u64, Vec<u8>), LeaseError>, Error> {
+        Instance::restore(self, state)
+    }
+
+    fn inspect_lease(&mut self, state: &[u8]) -> Result<Result<LeaseInfo, LeaseError>, Error> {
+        Instance::inspect_lease(self, state)
+    }
+
+    fn runtime_name(&self) -> &'static str {
+        "wasm"
+    }
+}
