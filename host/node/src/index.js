@@ -169,7 +169,14 @@ function decision(d) {
   }
 }
 
+const CHECK_ERRORS = new Set(['invalid-request', 'corrupt-state', 'unsupported-state-version', 'scope-mismatch', 'foreign-authority', 'exhausted']);
+const LEASE_ERRORS = new Set(['invalid-request', 'corrupt-state', 'unsupported-state-version', 'lock-mismatch', 'foreign-authority', 'exhausted']);
+
+// A case outside the contract is a bug in the guest or the bindings: a
+// HostError, never turned into a refusal with a made-up code.
 function checkError(e, Kind = FenceError) {
+  const [known, what] = Kind === LeaseError ? [LEASE_ERRORS, 'lease-error'] : [CHECK_ERRORS, 'check-error'];
+  if (!known.has(e?.tag)) throw new HostError(`unknown ${what} case ${String(e?.tag)}`);
   switch (e.tag) {
     case 'invalid-request':
     case 'corrupt-state':
@@ -180,6 +187,23 @@ function checkError(e, Kind = FenceError) {
       return new Kind(e.tag, undefined, e.val);
   }
 }
+
+// A lease export's ok variant as this package's outcome; an unknown case is a
+// HostError, never a guessed `busy` / `lost` / `not-owner`.
+function leaseOutcome(call, o) {
+  switch (`${call}:${o?.tag}`) {
+    case 'acquire:acquired': return { outcome: 'acquired', token: o.val.token, expiresAt: o.val.expiresAt, state: o.val.state };
+    case 'acquire:busy': return { outcome: 'busy', holder: o.val.holder, expiresAt: o.val.expiresAt };
+    case 'renew:renewed': return { outcome: 'renewed', expiresAt: o.val.expiresAt, state: o.val.state };
+    case 'renew:lost': return { outcome: 'lost' };
+    case 'release:released': return { outcome: 'released', state: o.val };
+    case 'release:not-owner': return { outcome: 'not-owner' };
+    default: throw new HostError(`unknown ${call} outcome ${String(o?.tag)}`);
+  }
+}
+
+/** Internal: the result lifting, exported for tests only. */
+export const _lift = Object.freeze({ decision, checkError, leaseOutcome });
 
 /** Bounds on every instance (no fuel: V8 cannot meter a synchronous call). */
 export const DEFAULT_LIMITS = Object.freeze({ callBytes: 16 << 20 });
@@ -374,10 +398,7 @@ export class Instance {
       epochFloor: u64(epochFloor, 'epochFloor'), now: u64(now, 'now'), ttl: u64(ttl, 'ttl'),
     };
     this.#bound('acquire', (s?.length ?? 0) + (lock.length + leaseId.length) * 3);
-    const o = this.#lease('acquire', () => this.#exports.lease.acquire(s, req));
-    return o.tag === 'acquired'
-      ? { outcome: 'acquired', token: o.val.token, expiresAt: o.val.expiresAt, state: o.val.state }
-      : { outcome: 'busy', holder: o.val.holder, expiresAt: o.val.expiresAt };
+    return leaseOutcome('acquire', this.#lease('acquire', () => this.#exports.lease.acquire(s, req)));
   }
 
   /** Extend the exact current lease: `{outcome: 'renewed', expiresAt, state}` or `{outcome: 'lost'}`. */
@@ -385,8 +406,7 @@ export class Instance {
     const s = bytesOrNull(state);
     const req = { leaseId: utf8(leaseId, 'leaseId'), token: lowerToken(t), now: u64(now, 'now'), ttl: u64(ttl, 'ttl') };
     this.#bound('renew', (s?.length ?? 0) + leaseId.length * 3);
-    const o = this.#lease('renew', () => this.#exports.lease.renew(s, req));
-    return o.tag === 'renewed' ? { outcome: 'renewed', expiresAt: o.val.expiresAt, state: o.val.state } : { outcome: 'lost' };
+    return leaseOutcome('renew', this.#lease('renew', () => this.#exports.lease.renew(s, req)));
   }
 
   /** Release the exact current lease: `{outcome: 'released', state}` or `{outcome: 'not-owner'}`. */
@@ -394,8 +414,7 @@ export class Instance {
     const s = bytesOrNull(state);
     const req = { leaseId: utf8(leaseId, 'leaseId'), token: lowerToken(t) };
     this.#bound('release', (s?.length ?? 0) + leaseId.length * 3);
-    const o = this.#lease('release', () => this.#exports.lease.release(s, req));
-    return o.tag === 'released' ? { outcome: 'released', state: o.val } : { outcome: 'not-owner' };
+    return leaseOutcome('release', this.#lease('release', () => this.#exports.lease.release(s, req)));
   }
 
   /** Start the next epoch: `{outcome: 'restored', epoch, state}`. */

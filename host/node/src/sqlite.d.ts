@@ -1,29 +1,57 @@
 import type { Applied, Decision, Instance, Request } from './index.js';
+import { HostError } from './index.js';
 
 /** The part of a better-sqlite3 `Database` this module uses (structural). */
 export interface Database {
   prepare(sql: string): { get(...params: unknown[]): unknown; run(...params: unknown[]): unknown };
   exec(sql: string): unknown;
-  transaction<F extends (...args: any[]) => any>(fn: F): F & { immediate: F };
   readonly inTransaction: boolean;
 }
 
-/** Create the state table (`scope TEXT PRIMARY KEY, state BLOB`) if it does not exist. */
-export function createTable(db: Database, table?: string): void;
+/** The layout this module reads and writes (`fencecheck_meta`'s `layout` row), as in every host. */
+export const LAYOUT_VERSION: 1;
 
-/** The stored state of `scope`, or null if it never accepted a token. */
-export function loadState(db: Database, scope: string, table?: string): Uint8Array | null;
+/**
+ * `install` found a database laid out for another version: `found` is the
+ * stored `layout` value as SQL text (`'2'`, `"'1'"`), or null when there is no
+ * `layout` row. Nothing was created or changed; not retryable.
+ */
+export class UnsupportedLayout extends HostError {
+  readonly found: string | null;
+  readonly supported: number;
+  readonly retryable: false;
+}
+
+/**
+ * The mutation ended fencedWrite's transaction itself (COMMIT or ROLLBACK):
+ * the fence state was not stored; whatever the mutation committed stays
+ * committed. A bug in the mutation; not retryable.
+ */
+export class TransactionEnded extends HostError {
+  readonly retryable: false;
+}
+
+/**
+ * Create fencecheck's tables (host/sqlite/schema.sql, the layout the Rust and
+ * Python hosts install too) if they do not exist, in one BEGIN IMMEDIATE
+ * transaction. Idempotent. Throws UnsupportedLayout, creating nothing, if
+ * the database records another layout.
+ */
+export function install(db: Database): void;
+
+/** The stored state of `scope` (from `fencecheck_scopes`), or null if it never accepted a token. */
+export function loadState(db: Database, scope: string): Uint8Array | null;
 
 /**
  * Check `request` and, only if it is applied, run `mutate(db, applied)` and
  * store the new state, in one BEGIN IMMEDIATE transaction. Returns the
- * decision; throws FenceError / HostError (after rolling back), and rethrows
- * whatever `mutate` throws (after rolling back).
+ * decision; throws FenceError / HostError (after rolling back), rethrows
+ * whatever `mutate` throws (after rolling back), and throws TransactionEnded,
+ * storing nothing, if `mutate` ended the transaction itself.
  */
 export function fencedWrite(
   db: Database,
   guest: Instance,
   request: Request,
   mutate: (db: Database, applied: Applied) => void,
-  options?: { table?: string },
 ): Decision;

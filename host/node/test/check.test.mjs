@@ -3,7 +3,7 @@
 
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { FenceError, HostError, GuestTrapped, ComponentLoadError, TooLarge, Runtime, U64_MAX, token } from '../src/index.js';
+import { FenceError, HostError, GuestTrapped, ComponentLoadError, LeaseError, TooLarge, Runtime, U64_MAX, token, _lift } from '../src/index.js';
 
 const runtime = new Runtime();
 const req = (counter, extra = {}) => ({ scope: 'report/july', token: token(0, 0, counter), ...extra });
@@ -144,4 +144,18 @@ test('a trap is GuestTrapped and the instance recovers', () => {
   assert.throws(() => g.check(null, req(1)), (e) => e instanceof GuestTrapped && e.call === 'check' && e.retryable);
   assert.equal(instantiations, before + 1, 'the instance was replaced');
   assert.equal(g.check(null, req(1)).outcome, 'applied');
+});
+
+// A decision, check-error or lease case outside the contract is a HostError, never a refusal or a guessed outcome.
+test('unknown cases are host errors', () => {
+  const unknown = (e) => e instanceof HostError && /unknown/.test(e.message);
+  assert.throws(() => _lift.checkError({ tag: 'out-of-range' }), unknown);
+  assert.throws(() => _lift.checkError({ tag: 'lock-mismatch', val: 'x' }), unknown); // a lease case, not a check case
+  assert.throws(() => _lift.checkError({ tag: 'scope-mismatch', val: 'x' }, LeaseError), unknown);
+  assert.throws(() => _lift.decision({ tag: 'out-of-range' }), unknown);
+  for (const [call, tag] of [['acquire', 'granted'], ['renew', 'expired'], ['release', 'lost'], ['renew', undefined]]) {
+    assert.throws(() => _lift.leaseOutcome(call, { tag, val: {} }), unknown, `${call} ${tag}`);
+  }
+  assert.equal(_lift.checkError({ tag: 'exhausted' }).code, 'exhausted');
+  assert.deepEqual(_lift.leaseOutcome('renew', { tag: 'lost' }), { outcome: 'lost' });
 });

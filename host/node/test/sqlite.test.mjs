@@ -1,5 +1,6 @@
-// fencedWrite on real SQLite files (better-sqlite3 12): the paused writer is
-// fenced, and every non-applied outcome or failure leaves the database as it was.
+// install and fencedWrite on real SQLite files (better-sqlite3 12): the shared
+// layout, the paused writer is fenced, and every non-applied outcome or
+// failure leaves the database as it was.
 
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -7,8 +8,8 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import Database from 'better-sqlite3';
-import { FenceError, Runtime, token } from '../src/index.js';
-import { createTable, fencedWrite, loadState } from '../src/sqlite.js';
+import { FenceError, HostError, Runtime, token } from '../src/index.js';
+import { LAYOUT_VERSION, TransactionEnded, UnsupportedLayout, fencedWrite, install, loadState } from '../src/sqlite.js';
 
 const runtime = new Runtime();
 
@@ -19,7 +20,7 @@ function freshDb(t) {
   const db = new Database(path);
   db.pragma('journal_mode = WAL');
   db.exec('CREATE TABLE report_catalog (report_id TEXT PRIMARY KEY, visible_object TEXT NOT NULL)');
-  createTable(db);
+  install(db);
   db.close();
   return () => {
     const conn = new Database(path, { timeout: 5000 });
@@ -74,17 +75,97 @@ test('corrupt state throws and changes nothing', (t) => {
   fencedWrite(db, guest, at(1), publish('v1'));
   const damaged = Buffer.from(loadState(db, 'report/july'));
   damaged[damaged.length - 1] ^= 0x80;
-  db.prepare('UPDATE fence_state SET state = ?').run(damaged);
+  db.prepare('UPDATE fencecheck_scopes SET fence_state = ?').run(damaged);
   assert.throws(() => fencedWrite(db, guest, at(2), publish('v2')), (e) => e instanceof FenceError && e.code === 'corrupt-state');
   assert.deepEqual(Buffer.from(loadState(db, 'report/july')), damaged);
   assert.equal(visible(db), 'v1');
 });
 
-// fencedWrite refuses to run inside a transaction it does not own, and bad table names.
-test('refuses an open transaction and non-identifier tables', (t) => {
+// fencedWrite and install refuse to run inside a transaction they do not own.
+test('refuses an open transaction', (t) => {
   const db = freshDb(t)();
   db.exec('BEGIN');
   assert.throws(() => fencedWrite(db, runtime.instance(), at(1), publish('v')), /own transaction/);
+  assert.throws(() => install(db), /own transaction/);
+  assert.equal(db.inTransaction, true);
   db.exec('ROLLBACK');
-  assert.throws(() => fencedWrite(db, runtime.instance(), at(1), publish('v'), { table: 'x; DROP' }), TypeError);
+});
+
+const schema = (db) => db.prepare('SELECT type, name, sql FROM sqlite_master ORDER BY name').all();
+
+// A second install changes nothing; the file records LAYOUT_VERSION.
+test('install is idempotent and records the layout', (t) => {
+  const db = freshDb(t)();
+  const before = schema(db);
+  install(db);
+  assert.deepEqual(schema(db), before);
+  assert.equal(db.prepare("SELECT value FROM fencecheck_meta WHERE key = 'layout'").get().value, LAYOUT_VERSION);
+  for (const name of ['fencecheck_meta', 'fencecheck_scopes', 'fencecheck_objects']) {
+    assert.ok(before.some((r) => r.name === name), name);
+  }
+});
+
+// Another layout number, a non-integer or no layout row: UnsupportedLayout, nothing created.
+test('other layouts are refused and nothing is created', (t) => {
+  for (const [value, found] of [['2', '2'], ["'1'", "'1'"], ['1.5', '1.5'], [null, null]]) {
+    const dir = mkdtempSync(join(tmpdir(), 'fencecheck-node-'));
+    t.after(() => rmSync(dir, { recursive: true, force: true }));
+    const db = new Database(join(dir, 'other.sqlite'));
+    t.after(() => db.close());
+    // No column affinity, so the text and real values stay what they are.
+    db.exec('CREATE TABLE fencecheck_meta (key TEXT NOT NULL PRIMARY KEY, value) WITHOUT ROWID');
+    if (value !== null) db.exec(`INSERT INTO fencecheck_meta VALUES ('layout', ${value})`);
+    const before = schema(db);
+    assert.throws(() => install(db), (e) => e instanceof UnsupportedLayout && e instanceof HostError
+      && e.found === found && e.supported === LAYOUT_VERSION && e.retryable === false
+      && e.message.includes(found === null ? 'no layout row' : `layout ${found}`)
+      && e.message.includes(`layout ${LAYOUT_VERSION}`));
+    assert.deepEqual(schema(db), before, String(value));
+    assert.equal(db.inTransaction, false);
+  }
+});
+
+// The row's version is the applied version; a publish's pointer columns are left alone.
+test('version is stored and the catalog pointer kept', (t) => {
+  const db = freshDb(t)();
+  const guest = runtime.instance();
+  fencedWrite(db, guest, at(1), publish('v1'));
+  db.exec('UPDATE fencecheck_scopes SET visible_object = 7, published_at_ms = 1000');
+  const d = fencedWrite(db, guest, at(2), publish('v2'));
+  assert.equal(d.version, 2n);
+  assert.deepEqual(db.prepare('SELECT version, visible_object, published_at_ms FROM fencecheck_scopes').all(),
+    [{ version: 2, visible_object: 7, published_at_ms: 1000 }]);
+});
+
+// A mutation that runs COMMIT throws TransactionEnded and the fence state is not stored.
+test('a mutation ending the transaction stores no state', (t) => {
+  const db = freshDb(t)();
+  const guest = runtime.instance();
+  assert.throws(() => fencedWrite(db, guest, at(1), (conn, applied) => {
+    publish('early')(conn, applied);
+    conn.exec('COMMIT');
+  }), (e) => e instanceof TransactionEnded && e instanceof HostError && e.retryable === false);
+  assert.equal(loadState(db, 'report/july'), null);
+  assert.equal(db.inTransaction, false);
+  // The mark did not move: the same token is still applied, not stale.
+  assert.equal(fencedWrite(db, guest, at(1), publish('v1')).outcome, 'applied');
+});
+
+// Version 2^63 is refused before the mutation runs; nothing is stored.
+test('a version beyond SQLite INTEGER fails before the mutation', (t) => {
+  const db = freshDb(t)();
+  const far = { check: (state, request) => ({ outcome: 'applied', version: 1n << 63n, highest: request.token, state: new Uint8Array([1]) }) };
+  let ran = false;
+  assert.throws(() => fencedWrite(db, far, at(1), () => { ran = true; }), (e) => e instanceof RangeError && /SQLite INTEGER/.test(e.message));
+  assert.equal(ran, false);
+  assert.equal(loadState(db, 'report/july'), null);
+  assert.equal(db.inTransaction, false);
+});
+
+// A mutation that returns a promise would write after the commit: refused, rolled back.
+test('an async mutation is refused', (t) => {
+  const db = freshDb(t)();
+  assert.throws(() => fencedWrite(db, runtime.instance(), at(1), async () => {}), /promise/);
+  assert.equal(loadState(db, 'report/july'), null);
+  assert.equal(db.inTransaction, false);
 });

@@ -1,7 +1,7 @@
 // Compiled by `npm run typecheck` (tsc --noEmit): the public .d.ts files
 // describe a usable API. Not run; a type error fails the check.
 import { FenceError, PackedFormatError, Runtime, token, type Decision } from '../src/index.js';
-import { fencedWrite, type Database } from '../src/sqlite.js';
+import { fencedWrite, install, LAYOUT_VERSION, TransactionEnded, UnsupportedLayout, type Database } from '../src/sqlite.js';
 
 declare const db: Database;
 const guest = new Runtime().instance();
@@ -20,5 +20,14 @@ try {
 } catch (e) {
   if (e instanceof PackedFormatError) void (e.side === 'input');
 }
-const w: Decision = fencedWrite(db, guest, { scope: 's', token: token(0, 0, 2) }, (_db, applied) => void applied.version);
-void w;
+try {
+  install(db);
+} catch (e) {
+  if (e instanceof UnsupportedLayout) void (e.found ?? `none, this version: ${LAYOUT_VERSION}`);
+}
+try {
+  const w: Decision = fencedWrite(db, guest, { scope: 's', token: token(0, 0, 2) }, (_db, applied) => void applied.version);
+  void w;
+} catch (e) {
+  if (e instanceof TransactionEnded) void e.retryable;
+}

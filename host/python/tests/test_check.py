@@ -162,3 +162,14 @@ def test_batch_accepts_any_iterable_and_refuses_wrong_types(guest):
         guest.check_batch([(None, {"scope": "s"})])
     with pytest.raises(TypeError):
         guest.check("not bytes", req(1))
+
+
+def test_an_unknown_check_error_case_is_a_host_error():
+    """A check-error case outside the contract raises GuestTrapped (a HostError), never Exhausted."""
+    from types import SimpleNamespace
+
+    from fencecheck._guest import _error_from_generic
+
+    with pytest.raises(fc.GuestTrapped, match="unknown check-error case 'out-of-range'"):
+        _error_from_generic(SimpleNamespace(tag="out-of-range", payload=None))
+    assert isinstance(_error_from_generic(SimpleNamespace(tag="exhausted", payload=None)), fc.Exhausted)

@@ -48,3 +48,33 @@ def test_package_docstring_example_runs():
     """The example in the package docstring is executed and holds."""
     result = doctest.testmod(fc)
     assert result.attempted > 0 and result.failed == 0
+
+
+@pytest.mark.parametrize(
+    ("call", "tag", "payload"),
+    [
+        ("acquire", "ok", ("granted", {})),
+        ("renew", "ok", ("expired", None)),
+        ("release", "ok", ("lost", None)),
+        ("restore", "ok", ("restored", {})),
+        ("renew", "err", ("out-of-range", None)),
+        ("renew", "err", "not a variant"),
+    ],
+)
+def test_an_unknown_lease_case_is_a_host_error(call, tag, payload):
+    """An outcome or lease-error case outside the contract raises GuestTrapped, never a guessed outcome."""
+    from fencecheck._guest import _lease_result
+
+    with pytest.raises(fc.GuestTrapped, match="unknown"):
+        _lease_result(call, tag, payload)
+
+
+def test_known_lease_cases_still_map():
+    """The contract's own cases pass through (ok payloads) or raise their LeaseError."""
+    from fencecheck._guest import _lease_result
+
+    assert _lease_result("renew", "ok", ("lost", None)) == ("lost", None)
+    assert _lease_result("restore", "ok", {"epoch": 1}) == {"epoch": 1}
+    with pytest.raises(fc.LeaseError) as e:
+        _lease_result("renew", "err", ("exhausted", None))
+    assert e.value.name == "exhausted"

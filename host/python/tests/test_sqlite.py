@@ -1,5 +1,6 @@
-"""fenced_write on real SQLite files: the paused writer is fenced, and every
-non-applied outcome or failure leaves the database unchanged."""
+"""install and fenced_write on real SQLite files: the shared layout, the paused
+writer is fenced, and every non-applied outcome or failure leaves the database
+unchanged."""
 
 import sqlite3
 import threading
@@ -7,7 +8,14 @@ import threading
 import pytest
 
 import fencecheck as fc
-from fencecheck.sqlite import create_table, fenced_write, load_state
+from fencecheck.sqlite import (
+    LAYOUT_VERSION,
+    TransactionEnded,
+    UnsupportedLayout,
+    fenced_write,
+    install,
+    load_state,
+)
 
 SCHEMA = "CREATE TABLE report_catalog (report_id TEXT PRIMARY KEY, visible_object TEXT NOT NULL)"
 
@@ -23,7 +31,7 @@ def db(tmp_path):
     path = tmp_path / "catalog.sqlite"
     conn = open_db(path)
     conn.execute(SCHEMA)
-    create_table(conn)
+    install(conn)
     conn.close()
     return path
 
@@ -104,7 +112,7 @@ def test_corrupt_state_raises_and_changes_nothing(db, guest):
     fenced_write(conn, guest, fc.Request("report/july", fc.Token(0, 0, 1)), publish("v1"))
     damaged = bytearray(load_state(conn, "report/july"))
     damaged[-1] ^= 0x80
-    conn.execute("UPDATE fence_state SET state = ?", (bytes(damaged),))
+    conn.execute("UPDATE fencecheck_scopes SET fence_state = ?", (bytes(damaged),))
     conn.commit()
     with pytest.raises(fc.CorruptState):
         fenced_write(conn, guest, fc.Request("report/july", fc.Token(0, 0, 2)), publish("v2"))
@@ -120,7 +128,85 @@ def test_refuses_to_join_an_open_transaction(db, guest):
         fenced_write(conn, guest, fc.Request("report/july", fc.Token(0, 0, 1)), publish("v"))
 
 
-def test_table_name_must_be_an_identifier(db, guest):
-    """A table name that is not a plain identifier is refused (no SQL injection)."""
-    with pytest.raises(ValueError):
-        fenced_write(open_db(db), guest, fc.Request("s", fc.Token(0, 0, 1)), publish("v"), table="x; DROP")
+def schema(path):
+    conn = open_db(path)
+    try:
+        return conn.execute("SELECT type, name, sql FROM sqlite_master ORDER BY name").fetchall()
+    finally:
+        conn.close()
+
+
+def test_install_is_idempotent_and_records_the_layout(db):
+    """A second install changes nothing; the file says LAYOUT_VERSION."""
+    before = schema(db)
+    conn = open_db(db)
+    install(conn)
+    assert schema(db) == before
+    assert conn.execute("SELECT value FROM fencecheck_meta WHERE key = 'layout'").fetchone() == (LAYOUT_VERSION,)
+    assert {"fencecheck_meta", "fencecheck_scopes", "fencecheck_objects"} <= {name for _, name, _ in before}
+    assert not conn.in_transaction
+
+
+@pytest.mark.parametrize(
+    "value, found", [("2", "2"), ("'1'", "'1'"), ("1.5", "1.5"), (None, None)]
+)
+def test_other_layouts_are_refused_and_nothing_is_created(tmp_path, value, found):
+    """Another layout number, a non-integer or no layout row: UnsupportedLayout, nothing created."""
+    path = tmp_path / "other.sqlite"
+    conn = open_db(path)
+    # No column affinity, so the text and real values stay what they are.
+    conn.execute("CREATE TABLE fencecheck_meta (key TEXT NOT NULL PRIMARY KEY, value) WITHOUT ROWID")
+    if value is not None:
+        conn.execute(f"INSERT INTO fencecheck_meta VALUES ('layout', {value})")
+    conn.commit()
+    before = schema(path)
+    with pytest.raises(UnsupportedLayout) as e:
+        install(conn)
+    assert e.value.found == found and e.value.supported == LAYOUT_VERSION
+    assert isinstance(e.value, fc.HostError) and not e.value.retryable
+    assert ("no layout row" if found is None else f"layout {found}") in str(e.value)
+    assert f"layout {LAYOUT_VERSION}" in str(e.value)
+    assert schema(path) == before and not conn.in_transaction
+
+
+def test_version_is_stored_and_the_catalog_pointer_kept(db, guest):
+    """The row's version is the applied version; a publish's pointer columns are left alone."""
+    conn = open_db(db)
+    fenced_write(conn, guest, fc.Request("report/july", fc.Token(0, 0, 1)), publish("v1"))
+    conn.execute("UPDATE fencecheck_scopes SET visible_object = 7, published_at_ms = 1000")
+    conn.commit()
+    d = fenced_write(conn, guest, fc.Request("report/july", fc.Token(0, 0, 2)), publish("v2"))
+    row = conn.execute("SELECT version, visible_object, published_at_ms FROM fencecheck_scopes").fetchall()
+    assert d.version == 2 and row == [(2, 7, 1000)]
+
+
+def test_mutation_ending_the_transaction_stores_no_state(db, guest):
+    """A mutation that runs COMMIT raises TransactionEnded and the fence state is not stored."""
+    conn = open_db(db)
+
+    def commits(c, applied):
+        publish("early")(c, applied)
+        c.execute("COMMIT")
+
+    request = fc.Request("report/july", fc.Token(0, 0, 1))
+    with pytest.raises(TransactionEnded):
+        fenced_write(conn, guest, request, commits)
+    assert load_state(conn, "report/july") is None and not conn.in_transaction
+    # The mark did not move: the same token is still applied, not stale.
+    assert isinstance(fenced_write(conn, guest, request, publish("v1")), fc.Applied)
+
+
+class _FarGuest:
+    """A checker whose next version no longer fits a SQLite INTEGER."""
+
+    def check(self, state, request):
+        return fc.Applied(2**63, request.token, b"state")
+
+
+def test_a_version_beyond_sqlite_integer_fails_before_the_mutation(db):
+    """Version 2**63 is refused before the mutation runs; nothing is stored."""
+    conn = open_db(db)
+    ran = []
+    with pytest.raises(OverflowError, match="SQLite INTEGER"):
+        fenced_write(conn, _FarGuest(), fc.Request("report/july", fc.Token(0, 0, 1)), lambda c, a: ran.append(a))
+    assert ran == [] and load_state(conn, "report/july") is None and not conn.in_transaction

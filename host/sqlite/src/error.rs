@@ -1,4 +1,4 @@
-use crate::ObjectId;
+use crate::{LAYOUT_VERSION, ObjectId};
 
 /// An infrastructure failure: the write could not be decided, or not stored.
 ///
@@ -45,6 +45,20 @@ pub enum Error {
         /// Why it was refused.
         why: String,
     },
+    /// [`install`](crate::install) found a database laid out for another
+    /// version: `fencecheck_meta`'s `layout` row is not
+    /// [`LAYOUT_VERSION`] (`found`: the stored value as SQL text, e.g. `2` or
+    /// `'1'`) or is missing (`None`). Nothing was created or changed. Not
+    /// retryable: use a fencecheck version that supports that layout.
+    #[error(
+        "unsupported fencecheck layout: the database has {}, this version supports only layout {}; nothing was installed",
+        found_layout(.found),
+        LAYOUT_VERSION
+    )]
+    UnsupportedLayout {
+        /// The `layout` value found, as SQL text; `None`: no `layout` row.
+        found: Option<String>,
+    },
     /// A stored column holds a value this crate never writes.
     #[error("stored {what} is out of range: {value}")]
     OutOfRange {
@@ -76,4 +90,11 @@ impl Error {
 /// `map_err` helper: label a SQLite failure with the step it happened in.
 pub(crate) fn sql(doing: &'static str) -> impl FnOnce(rusqlite::Error) -> Error {
     move |source| Error::Sqlite { doing, source }
+}
+
+fn found_layout(found: &Option<String>) -> String {
+    match found {
+        Some(value) => format!("layout {value}"),
+        None => "no layout row in fencecheck_meta".into(),
+    }
 }

@@ -8,9 +8,12 @@
 //!
 //! # Layout
 //!
-//! - [`install`] creates two tables: `fencecheck_scopes` (one row per scope:
-//!   fence state BLOB, version, catalog pointer) and `fencecheck_objects`
-//!   (immutable staged objects).
+//! - [`install`] creates the tables of `host/sqlite/schema.sql`, the layout
+//!   the Python and Node hosts install too (one fence per scope whatever
+//!   language writes it): `fencecheck_scopes` (one row per scope: fence state
+//!   BLOB, version, catalog pointer), `fencecheck_objects` (immutable staged
+//!   objects) and `fencecheck_meta` (the layout number, [`LAYOUT_VERSION`];
+//!   another number is refused with [`Error::UnsupportedLayout`]).
 //! - [`fenced_write`]: any mutation, passed as a closure, under the fence.
 //! - The publish protocol: [`stage`] an immutable object under a unique key,
 //!   [`publish`] it (fenced move of the catalog pointer; the replaced object is
@@ -62,4 +65,4 @@ mod schema;
 pub use error::Error;
 pub use fence::{Accepted, Fenced, Rejection, fenced_write, stored_state};
 pub use publish::{GcReport, ObjectId, Visible, collect_garbage, discard, publish, stage, visible};
-pub use schema::install;
+pub use schema::{LAYOUT_VERSION, install};

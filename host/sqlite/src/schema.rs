@@ -1,42 +1,63 @@
-use rusqlite::Connection;
+use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior};
 
 use crate::Error;
 use crate::error::sql;
 
-/// The adapter's tables. One row per scope holds the fence state *and* the
-/// catalog pointer, so a publish writes one row (the seed's `report_catalog`
-/// with `accepted_fence` replaced by the component's state).
-const SCHEMA: &str = "
-CREATE TABLE IF NOT EXISTS fencecheck_scopes (
-    scope           TEXT    NOT NULL PRIMARY KEY,
-    fence_state     BLOB    NOT NULL,
-    version         INTEGER NOT NULL,
-    visible_object  INTEGER,
-    published_at_ms INTEGER
-) WITHOUT ROWID;
+/// The layout this crate reads and writes: the `layout` row of
+/// `fencecheck_meta`. Every host (Rust, Python, Node) installs and checks the
+/// same number from the same `host/sqlite/schema.sql`.
+pub const LAYOUT_VERSION: i64 = 1;
 
--- AUTOINCREMENT: an id is never handed out twice, even after the collector
--- deleted the object, so a delayed reference can never reach a newer object.
-CREATE TABLE IF NOT EXISTS fencecheck_objects (
-    id           INTEGER PRIMARY KEY AUTOINCREMENT,
-    scope        TEXT    NOT NULL,
-    name         TEXT    NOT NULL,
-    body         BLOB    NOT NULL,
-    staged_at_ms INTEGER NOT NULL
-);
-CREATE INDEX IF NOT EXISTS fencecheck_objects_staged
-    ON fencecheck_objects (staged_at_ms);
+/// The one layout every host shares (see the file's header). Idempotent
+/// statements, no transaction control: [`install`] wraps them.
+const SCHEMA: &str = include_str!("../schema.sql");
 
-CREATE TRIGGER IF NOT EXISTS fencecheck_objects_immutable
-    BEFORE UPDATE ON fencecheck_objects
-BEGIN
-    SELECT RAISE(ABORT, 'fencecheck: staged objects are immutable');
-END;
-";
+const META_EXISTS: &str =
+    "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'fencecheck_meta'";
 
-/// Create the adapter's tables (`fencecheck_scopes`, `fencecheck_objects`) if
-/// they do not exist. Idempotent; run it once per database.
+// `quote` renders any stored value as SQL text (`2`, `'two'`, `X'02'`), the
+// same in every host, for the error message.
+const READ_LAYOUT: &str = "SELECT typeof(value) = 'integer' AND value = ?1, quote(value)
+  FROM fencecheck_meta WHERE key = 'layout'";
+
+/// Create fencecheck's tables if they do not exist: `fencecheck_meta` (the
+/// layout number), `fencecheck_scopes` (one row per scope: fence state BLOB,
+/// version, catalog pointer) and `fencecheck_objects` (immutable staged
+/// objects). Idempotent; run it once per process before the first write.
+///
+/// Runs in one `BEGIN IMMEDIATE` transaction, so `conn` must not be inside a
+/// transaction. A database whose `fencecheck_meta` names another layout (or
+/// has no `layout` row) is refused with [`Error::UnsupportedLayout`] and
+/// nothing is created: a writer of another layout would keep a separate fence.
 pub fn install(conn: &Connection) -> Result<(), Error> {
-    conn.execute_batch(SCHEMA)
-        .map_err(sql("creating the fencecheck tables"))
+    // Dropping `tx` on any error rolls back.
+    let tx = Transaction::new_unchecked(conn, TransactionBehavior::Immediate)
+        .map_err(sql("beginning the install transaction"))?;
+    let meta = tx
+        .query_row(META_EXISTS, [], |_| Ok(()))
+        .optional()
+        .map_err(sql("looking for fencecheck_meta"))?;
+    if meta.is_some() {
+        check_layout(&tx)?;
+    }
+    tx.execute_batch(SCHEMA)
+        .map_err(sql("creating the fencecheck tables"))?;
+    // Again after the schema: it must have left exactly this crate's layout.
+    check_layout(&tx)?;
+    tx.commit().map_err(sql("committing the install"))
+}
+
+/// `Ok` if `fencecheck_meta` says [`LAYOUT_VERSION`].
+fn check_layout(conn: &Connection) -> Result<(), Error> {
+    let row: Option<(bool, String)> = conn
+        .query_row(READ_LAYOUT, [LAYOUT_VERSION], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })
+        .optional()
+        .map_err(sql("reading the layout number"))?;
+    match row {
+        Some((true, _)) => Ok(()),
+        Some((false, found)) => Err(Error::UnsupportedLayout { found: Some(found) }),
+        None => Err(Error::UnsupportedLayout { found: None }),
+    }
 }

@@ -284,7 +284,12 @@ class Instance:
         # wasmtime-py returns the ok record, or the error variant (tagged
         # `err` when the two cases are not distinguishable by Python type).
         if not isinstance(result, wc.Record):
-            raise _error_from_generic(result.payload if result.tag == "err" else result)
+            try:
+                error = _error_from_generic(result.payload if result.tag == "err" else result)
+            except GuestTrapped:
+                self._instantiate()  # a guest that answered off its contract is not trusted again
+                raise
+            raise error
         i = result
         return StateInfo(
             format_version=i.__dict__["format-version"],
@@ -356,14 +361,11 @@ class Instance:
         finally:
             for i in range(done):
                 ffi.wasmtime_component_val_delete(ctypes.byref(params[i]))
-        if tag == "ok":
-            return payload
-        case, detail = payload
-        if case in ("invalid-request", "corrupt-state"):
-            raise LeaseError(case, detail)
-        if case == "foreign-authority":
-            raise LeaseError(case, None, f"stored {detail['stored']}, presented {detail['presented']}")
-        raise LeaseError(case, None, "" if detail is None else repr(detail))
+        try:
+            return _lease_result(name, tag, payload)
+        except GuestTrapped:
+            self._instantiate()  # a guest that answered off its contract is not trusted again
+            raise
 
     def _lookup(self, interface: str, names: tuple[str, ...]) -> dict[str, Any]:
         store, inst = self._store, self._inst
@@ -402,6 +404,7 @@ class Instance:
         try:
             return lift(result)
         except ValueError as e:  # a result this codec cannot read: a guest bug
+            self._instantiate()  # not trusted again (the old store stays alive for the cleanup below)
             raise GuestTrapped(call, str(e)) from None
         finally:
             ffi.wasmtime_component_val_delete(ctypes.byref(result))
@@ -478,8 +481,44 @@ def _lift_raw(v: Any) -> Any:
     raise GuestTrapped("lease", f"unexpected value kind {k}")
 
 
+# The cases of each lease export's ok variant (None: a record), and of
+# lease-error. Anything else is off the contract: never mapped to an outcome.
+_LEASE_OUTCOMES: dict[str, Optional[tuple[str, ...]]] = {
+    "acquire": ("acquired", "busy"),
+    "renew": ("renewed", "lost"),
+    "release": ("released", "not-owner"),
+    "restore": None,
+}
+_LEASE_ERRORS = (
+    "invalid-request", "corrupt-state", "unsupported-state-version", "lock-mismatch", "foreign-authority", "exhausted",
+)
+
+
+def _lease_result(name: str, tag: str, payload: Any) -> Any:
+    """A lease export's raw result (``_lift_raw``): the ok payload, else raise
+    its ``LeaseError``. A case outside the contract raises ``GuestTrapped``."""
+    if tag == "ok":
+        cases = _LEASE_OUTCOMES[name]
+        if cases is None:
+            known = isinstance(payload, dict)
+        else:
+            known = isinstance(payload, tuple) and payload[0] in cases
+        if known:
+            return payload
+        raise GuestTrapped(name, f"unknown {name} outcome {payload!r}")
+    if tag != "err" or not isinstance(payload, tuple) or payload[0] not in _LEASE_ERRORS:
+        raise GuestTrapped(name, f"unknown lease-error case {payload!r}")
+    case, detail = payload
+    if case in ("invalid-request", "corrupt-state"):
+        raise LeaseError(case, detail)
+    if case == "foreign-authority":
+        raise LeaseError(case, None, f"stored {detail['stored']}, presented {detail['presented']}")
+    raise LeaseError(case, None, "" if detail is None else repr(detail))
+
+
 def _error_from_generic(v: Any) -> FenceError:
-    """A check-error from wasmtime-py's generic conversion (used by inspect)."""
+    """A check-error from wasmtime-py's generic conversion (used by inspect).
+    A case outside the contract raises ``GuestTrapped``: never a refusal."""
     tag, p = v.tag, v.payload
     if tag == "invalid-request":
         return InvalidRequest(p)
@@ -491,4 +530,6 @@ def _error_from_generic(v: Any) -> FenceError:
         return ScopeMismatch(p)
     if tag == "foreign-authority":
         return ForeignAuthority(p.stored, p.presented)
-    return Exhausted()
+    if tag == "exhausted":
+        return Exhausted()
+    raise GuestTrapped("inspect", f"unknown check-error case {tag!r}")

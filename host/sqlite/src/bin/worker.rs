@@ -13,18 +13,26 @@
 //!     wait for `go`, then per round and scope publish a fresh token
 //!     (counter 1 + round*PROCESSES + PROCESS) and replay the previous one;
 //!     print one tab-separated `attempt` record per publish.
+//! fencecheck-sqlite-worker DB NOW_MS install
+//!     install the layout; print `installed`, or `unsupported-layout` and
+//!     exit 1 (the message on stderr).
+//! fencecheck-sqlite-worker DB NOW_MS write SCOPE TOKEN [strict|allow-equal]
+//!     a fenced write whose mutation inserts into `worker_audit`; print the
+//!     outcome name (`applied`, `stale-fence`…).
 //! ```
 //!
-//! Tokens use the canonical text form (`EPOCH.COUNTER`). The database must
-//! already have the adapter's tables (and `worker_audit` for
-//! `hold-in-transaction`).
+//! Tokens use the canonical text form (`EPOCH.COUNTER`). Except for
+//! `install`, the database must already have the adapter's tables (and
+//! `worker_audit (scope, token, version)` for `hold-in-transaction` and
+//! `write`). `install` and `write` are the Rust side of the cross-host test
+//! (tests/cross_host/), whose Python and Node drivers take the same commands.
 
 use std::error::Error;
 use std::io::{BufRead, Write};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fencecheck::{Instance, Policy, Request, Runtime, Token, TokenText};
-use fencecheck_sqlite::{Fenced, ObjectId, fenced_write, publish, stage, visible};
+use fencecheck_sqlite::{Fenced, ObjectId, fenced_write, install, publish, stage, visible};
 use rusqlite::Connection;
 
 type Result<T> = std::result::Result<T, Box<dyn Error + Send + Sync>>;
@@ -73,12 +81,22 @@ fn run() -> Result<()> {
     };
     let now = UNIX_EPOCH + Duration::from_millis(now_ms.parse()?);
     let mut conn = open(db)?;
+    if command == "install" {
+        return match rest {
+            [] => install_layout(&conn),
+            _ => Err(format!("install takes no arguments, got {rest:?}").into()),
+        };
+    }
     let mut guest = Runtime::new()?.instance()?;
     match (command.as_str(), rest) {
         ("stage-then-wait", [scope, name]) => {
             stage_then_wait(&mut conn, &mut guest, now, scope, name)
         }
         ("hold-in-transaction", [scope, text]) => hold(&mut conn, &mut guest, scope, token(text)?),
+        ("write", [scope, text]) => write(&mut conn, &mut guest, scope, token(text)?, "strict"),
+        ("write", [scope, text, policy]) => {
+            write(&mut conn, &mut guest, scope, token(text)?, policy)
+        }
         ("race", [process, processes, rounds, scopes @ ..]) if !scopes.is_empty() => race(
             &mut conn,
             &mut guest,
@@ -127,6 +145,44 @@ fn hold(conn: &mut Connection, guest: &mut Instance, scope: &str, token: Token) 
         say("in-transaction")?;
         // The test kills us here, inside the open write transaction.
         read_line()?;
+        Ok(())
+    })?;
+    say(outcome.name())
+}
+
+fn install_layout(conn: &Connection) -> Result<()> {
+    match install(conn) {
+        Ok(()) => say("installed"),
+        Err(e @ fencecheck_sqlite::Error::UnsupportedLayout { .. }) => {
+            say("unsupported-layout")?;
+            Err(e.into())
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn write(
+    conn: &mut Connection,
+    guest: &mut Instance,
+    scope: &str,
+    token: Token,
+    policy: &str,
+) -> Result<()> {
+    let policy = match policy {
+        "strict" => Policy::Strict,
+        "allow-equal" => Policy::AllowEqual,
+        _ => return Err(format!("unknown policy {policy:?}").into()),
+    };
+    let request = Request::new(scope, token, policy);
+    let outcome = fenced_write(conn, guest, &request, |tx, accepted| -> Result<()> {
+        tx.execute(
+            "INSERT INTO worker_audit (scope, token, version) VALUES (?1, ?2, ?3)",
+            rusqlite::params![
+                scope,
+                TokenText(token).to_string(),
+                i64::try_from(accepted.version)?
+            ],
+        )?;
         Ok(())
     })?;
     say(outcome.name())
