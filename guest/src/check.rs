@@ -1,4 +1,4 @@
-//! The decision rules of DESIGN.md ("The fence check"), in their order.
+//! The decision rules of docs/design.md (§3, "The fence check"), in their order.
 
 use core::cmp::Ordering;
 

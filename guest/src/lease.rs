@@ -1,4 +1,4 @@
-//! The grant side: lease decisions over one lock's state (DESIGN.md, "The
+//! The grant side: lease decisions over one lock's state (docs/design.md §5, "The
 //! lease authority").
 //!
 //! Pure like the fence check: the coordinator's clock comes in as `now`

@@ -9,7 +9,7 @@
 //!
 //! - `types`: tokens, requests, decisions and errors (the WIT types, in Rust).
 //! - `state`: the canonical, checksummed encoding of a scope's state.
-//! - `check`: the fence check's decision rules (DESIGN.md), in order.
+//! - `check`: the fence check's decision rules (docs/design.md §3), in order.
 //! - `lease`: the lease authority's grant rules and the lease state encoding.
 //! - `frame`: the checksummed frame both encodings share.
 //! - `packed`: `check-packed`, many checks over one byte buffer each way.

@@ -196,6 +196,23 @@ def test_mutation_ending_the_transaction_stores_no_state(db, guest):
     assert isinstance(fenced_write(conn, guest, request, publish("v1")), fc.Applied)
 
 
+def test_a_mutation_that_commits_and_writes_again_is_caught(db, guest):
+    """COMMIT then another write (sqlite3 silently opens a new transaction for
+    it) is still TransactionEnded, and the fence state is not stored."""
+    conn = open_db(db)
+
+    def commits_then_writes(c, applied):
+        publish("early")(c, applied)
+        c.execute("COMMIT")
+        c.execute("UPDATE report_catalog SET visible_object = 'late'")
+
+    request = fc.Request("report/july", fc.Token(0, 0, 1))
+    with pytest.raises(TransactionEnded):
+        fenced_write(conn, guest, request, commits_then_writes)
+    assert load_state(conn, "report/july") is None and not conn.in_transaction
+    assert isinstance(fenced_write(conn, guest, request, publish("v1")), fc.Applied)
+
+
 class _FarGuest:
     """A checker whose next version no longer fits a SQLite INTEGER."""
 

@@ -1,4 +1,4 @@
-//! The conformance-vector runner (DESIGN.md, "Conformance vectors").
+//! The conformance-vector runner (docs/design.md §9).
 //!
 //! A vector file is JSON: `{"name": …, "steps": [ … ]}`. Check steps thread one
 //! stored state (a single slot per file) through the file; only `applied`
@@ -6,7 +6,7 @@
 //! `renew`, `release`, `restore`) thread their own slot, replaced by every
 //! outcome that carries a state (`acquired`, `renewed`, `released`, `restored`).
 //!
-//! Extensions to DESIGN.md (documented in `tests/vectors/README.md`): `expect`
+//! Extensions to the starting design (documented in `tests/vectors/README.md`): `expect`
 //! may name a `reason` for `invalid-request` and `corrupt-state` errors (the
 //! WIT reason / `corruption` case, kebab-case) and an `epoch` for `restored`;
 //! `damage` may name `"state": "lease"` to damage the lease slot (default:

@@ -5,7 +5,9 @@ use crate::{LAYOUT_VERSION, ObjectId};
 /// None of these is a domain outcome. A stale token is never an `Error`: it is
 /// `Ok(Fenced::Rejected(Rejection::StaleFence { .. }))`, definitive and not
 /// retryable. Whenever an `Error` is returned, the transaction was rolled back
-/// and nothing changed.
+/// and nothing changed, except after [`Error::TransactionEnded`]: the
+/// caller's mutation committed by itself, so what it wrote before that
+/// stands, without a new fence state.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {

@@ -177,11 +177,19 @@ def fenced_write(
         # Refused before the mutation runs, as in the Rust host.
         if decision.version > _I64_MAX:
             raise OverflowError(f"version {decision.version} does not fit a SQLite INTEGER; nothing was stored")
+        # A savepoint marks our transaction: COMMIT or ROLLBACK inside the
+        # mutation removes it, and RELEASE then fails, even when sqlite3 has
+        # silently opened a new transaction for a later statement of the
+        # mutation (checking ``in_transaction`` alone misses that case, and
+        # the state would commit apart from the mutation's first writes).
+        conn.execute("SAVEPOINT fencecheck_mutation")
         mutate(conn, decision)
-        # If the mutation ended our transaction, sqlite3 would open a new one
-        # for the upsert: the state would commit apart from the mutation.
         if not conn.in_transaction:
             raise TransactionEnded()
+        try:
+            conn.execute("RELEASE fencecheck_mutation")
+        except sqlite3.OperationalError as e:
+            raise TransactionEnded() from e
         conn.execute(_STORE_STATE, (request.scope, decision.state, decision.version))
         conn.commit()
         return decision
