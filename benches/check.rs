@@ -1,6 +1,8 @@
 //! One fence check through wasmtime against the native reference, and a
 //! batch per check: `check-packed` (what `Instance::check_batch` uses) and the
-//! typed `check-batch`. Reproduce: `cargo bench -p fencecheck-benches --bench check`.
+//! typed `check-batch`. `wasm` is the default runtime (checks over the core
+//! transport); `wasm-component` the same component through wasmtime's
+//! component API for every call. Reproduce: `cargo bench -p fencecheck-benches --bench check`.
 //!
 //! The workload is the common case: a scope that has accepted token 0.41 and a
 //! request presenting 0.42, so the guest decodes the state, decides `applied`
@@ -32,8 +34,11 @@ fn bench(c: &mut Criterion) -> anyhow::Result<()> {
     let (state, request) = setup()?;
     let runtime = Runtime::new()?;
     let mut wasm = runtime.instance()?;
-    // Both runtimes must decide the same thing before we time them.
-    anyhow::ensure!(wasm.check(Some(&state), &request)? == Native.check(Some(&state), &request)?);
+    let mut component = runtime.with_component_transport().instance()?;
+    // Every runtime must decide the same thing before we time them.
+    let expected = Native.check(Some(&state), &request)?;
+    anyhow::ensure!(wasm.check(Some(&state), &request)? == expected);
+    anyhow::ensure!(component.check(Some(&state), &request)? == expected);
 
     let mut single = c.benchmark_group("check/single");
     single.throughput(Throughput::Elements(1));
@@ -43,10 +48,8 @@ fn bench(c: &mut Criterion) -> anyhow::Result<()> {
     single.bench_function("wasm", |b| {
         b.iter(|| wasm.check(black_box(Some(&state)), black_box(&request)))
     });
-    // The same single check as a one-item `check-packed` batch.
-    let one = [(Some(state.as_slice()), &request)];
-    single.bench_function("wasm-packed", |b| {
-        b.iter(|| wasm.check_batch(black_box(&one)))
+    single.bench_function("wasm-component", |b| {
+        b.iter(|| component.check(black_box(Some(&state)), black_box(&request)))
     });
     single.finish();
 
@@ -62,6 +65,11 @@ fn bench(c: &mut Criterion) -> anyhow::Result<()> {
         BenchmarkId::new("wasm-packed", BATCH),
         &items,
         |b, items| b.iter(|| wasm.check_batch(black_box(items))),
+    );
+    batch.bench_with_input(
+        BenchmarkId::new("wasm-component-packed", BATCH),
+        &items,
+        |b, items| b.iter(|| component.check_batch(black_box(items))),
     );
     batch.bench_with_input(BenchmarkId::new("wasm-typed", BATCH), &items, |b, items| {
         b.iter(|| wasm.check_batch_typed(black_box(items)))

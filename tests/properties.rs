@@ -192,6 +192,36 @@ proptest! {
         prop_assert_eq!(&native, &single);
     }
 
+    /// The core transport (the default) and the component API answer every
+    /// check of a random sequence, damaged states included, identically:
+    /// decisions, errors and state bytes.
+    #[test]
+    fn core_and_component_transports_agree(
+        requests in prop::collection::vec(request(), 1..40),
+        damages in prop::collection::vec(damage(), 1..6),
+    ) {
+        let fail = |e: &dyn std::fmt::Display| TestCaseError::fail(format!("{e}"));
+        let rt = runtime().map_err(|e| fail(&format!("{e:#}")))?;
+        prop_assert_eq!(rt.transport(), fencecheck::Transport::Core);
+        let component_rt = rt.with_component_transport();
+        prop_assert_eq!(component_rt.transport(), fencecheck::Transport::Component);
+        let mut core = rt.instance().map_err(|e| fail(&e))?;
+        let mut component = component_rt.instance().map_err(|e| fail(&e))?;
+        let mut state: Option<Vec<u8>> = None;
+        for (i, request) in requests.iter().enumerate() {
+            let input = match (i % 5, &state) {
+                (4, Some(s)) => Some(damaged(s, damages[i % damages.len()])),
+                _ => state.clone(),
+            };
+            let on_core = core.check(input.as_deref(), request).map_err(|e| fail(&e))?;
+            let on_component = component.check(input.as_deref(), request).map_err(|e| fail(&e))?;
+            prop_assert_eq!(&on_core, &on_component);
+            if let Ok(Decision::Applied { state: next, .. }) = on_core {
+                state = Some(next);
+            }
+        }
+    }
+
     /// Arbitrary bytes sent to `check-packed` never trap the guest, and wasm
     /// answers exactly what the native reference answers (usually `malformed`).
     #[test]

@@ -70,8 +70,11 @@ enum Command {
 
 #[derive(Clone, Copy, ValueEnum)]
 enum RuntimeKind {
-    /// The component, through wasmtime.
+    /// The component, through wasmtime (checks over the core transport when
+    /// the component has the shape for it).
     Wasm,
+    /// The component, through wasmtime's component API for every call.
+    WasmComponent,
     /// The guest's source compiled natively (the reference).
     Native,
 }
@@ -93,6 +96,18 @@ fn runtime(component: Option<&PathBuf>) -> Result<Runtime> {
     })
 }
 
+fn checker(kind: RuntimeKind, component: Option<&PathBuf>) -> Result<Box<dyn Checker>> {
+    Ok(match kind {
+        RuntimeKind::Wasm => Box::new(runtime(component)?.instance()?),
+        RuntimeKind::WasmComponent => Box::new(
+            runtime(component)?
+                .with_component_transport()
+                .instance()?,
+        ),
+        RuntimeKind::Native => Box::new(Native),
+    })
+}
+
 fn run() -> Result<ExitCode> {
     let cli = Cli::parse();
     match cli.command {
@@ -101,20 +116,14 @@ fn run() -> Result<ExitCode> {
             runtime: kind,
             files,
         } => {
-            let mut checker: Box<dyn Checker> = match kind {
-                RuntimeKind::Wasm => Box::new(runtime(cli.component.as_ref())?.instance()?),
-                RuntimeKind::Native => Box::new(Native),
-            };
+            let mut checker = checker(kind, cli.component.as_ref())?;
             Ok(vectors(checker.as_mut(), &files))
         }
         Command::Trace {
             runtime: kind,
             file,
         } => {
-            let mut checker: Box<dyn Checker> = match kind {
-                RuntimeKind::Wasm => Box::new(runtime(cli.component.as_ref())?.instance()?),
-                RuntimeKind::Native => Box::new(Native),
-            };
+            let mut checker = checker(kind, cli.component.as_ref())?;
             trace::run(checker.as_mut(), &file)?;
             Ok(ExitCode::SUCCESS)
         }

@@ -7,6 +7,7 @@ use crate::abi::{
     check_abi as abi, error_in, info_in, lease_abi, lease_error_in, outcome_in, request_bytes,
     request_out, token_in, token_out, wit,
 };
+use crate::core::{CoreGuest, CoreError};
 use crate::runtime::Limiter;
 use crate::{
     Acquire, AcquireRequest, CheckError, Checker, Error, Holder, LeaseError, LeaseInfo, Outcome,
@@ -18,34 +19,75 @@ use crate::{
 /// Every call is bounded by fuel and by the instance's memory limit. If the
 /// guest traps, the call returns [`Error::Trapped`], nothing was decided, and
 /// the instance is replaced before the next call.
+///
+/// `check`, `check_batch` and `check_packed_raw` go through the component's
+/// core module when the runtime found one of the expected shape (see
+/// [`crate::Transport`]); the other exports through the component API, in
+/// an instantiation made on their first use.
 pub struct Instance {
     runtime: Runtime,
+    core: Option<CoreGuest>,
+    component: Option<ComponentGuest>,
+    /// The packed request of the last check, kept to reuse its allocation.
+    buffer: Vec<u8>,
+}
+
+struct ComponentGuest {
     store: Store<Limiter>,
     bindings: wit::Fencecheck,
 }
 
 impl std::fmt::Debug for Instance {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Instance").finish_non_exhaustive()
+        f.debug_struct("Instance")
+            .field("core", &self.core.is_some())
+            .field("component", &self.component.is_some())
+            .finish_non_exhaustive()
     }
 }
 
 impl Instance {
     pub(crate) fn new(runtime: Runtime) -> Result<Self, Error> {
-        let (store, bindings) = runtime.instantiate()?;
-        Ok(Self {
+        let mut instance = Self {
+            core: runtime.core_guest()?,
             runtime,
-            store,
-            bindings,
-        })
+            component: None,
+            buffer: Vec::new(),
+        };
+        if instance.core.is_none() {
+            instance.component = Some(instance.component_guest()?);
+        }
+        Ok(instance)
+    }
+
+    fn component_guest(&self) -> Result<ComponentGuest, Error> {
+        let (store, bindings) = self.runtime.instantiate()?;
+        Ok(ComponentGuest { store, bindings })
     }
 
     /// Decide one request; see [`Checker::check`].
     pub fn check(&mut self, state: Option<&[u8]>, request: &Request) -> Result<Outcome, Error> {
         const CALL: &str = "check";
         self.bound(CALL, request_bytes(state, request))?;
-        let abi_request = request_out(request);
         let fuel = self.runtime.shared.limits.fuel_per_check;
+        if self.core.is_some() {
+            let mut buffer = std::mem::take(&mut self.buffer);
+            buffer.clear();
+            let result = match crate::packed::encode_into(&mut buffer, &[(state, request)]) {
+                Some(()) => self.core_call(CALL, &buffer, fuel, |out| {
+                    let out = out.map_err(|crate::BatchError::Malformed| Error::Protocol {
+                        call: CALL,
+                        message: "the guest refused the host's encoding as malformed".into(),
+                    })?;
+                    crate::packed::decode_one(out)
+                        .map_err(|message| Error::Protocol { call: CALL, message })
+                }),
+                None => Err(too_large(CALL, self.runtime.shared.limits.call_bytes)),
+            };
+            self.buffer = buffer;
+            return result;
+        }
+        let abi_request = request_out(request);
         let result = self.call(CALL, fuel, |b, store| {
             b.fencecheck_fence_check()
                 .call_check(store, state, abi_request)
@@ -63,24 +105,32 @@ impl Instance {
         items: &[(Option<&[u8]>, &Request)],
     ) -> Result<Vec<Outcome>, Error> {
         const CALL: &str = "check-packed";
-        let packed = crate::packed::encode(items).ok_or(Error::TooLarge {
-            call: CALL,
-            bytes: usize::MAX,
-            limit: self.runtime.shared.limits.call_bytes,
-        })?;
+        let mut packed = Vec::new();
+        crate::packed::encode_into(&mut packed, items)
+            .ok_or_else(|| too_large(CALL, self.runtime.shared.limits.call_bytes))?;
         self.bound(CALL, packed.len())?;
         let fuel = self.batch_fuel(items.len());
+        let decode = |out: Result<&[u8], crate::BatchError>| -> Result<Vec<Outcome>, Error> {
+            let out = out.map_err(|crate::BatchError::Malformed| Error::Protocol {
+                call: CALL,
+                message: "the guest refused the host's encoding as malformed".into(),
+            })?;
+            crate::packed::decode(out, items.len()).map_err(|message| Error::Protocol {
+                call: CALL,
+                message,
+            })
+        };
+        if self.core.is_some() {
+            return self.core_call(CALL, &packed, fuel, decode);
+        }
         let result = self.call(CALL, fuel, |b, store| {
             b.fencecheck_fence_check().call_check_packed(store, &packed)
         })?;
-        let output = result.map_err(|abi::BatchError::Malformed| Error::Protocol {
-            call: CALL,
-            message: "the guest refused the host's encoding as malformed".into(),
-        })?;
-        crate::packed::decode(&output, items.len()).map_err(|message| Error::Protocol {
-            call: CALL,
-            message,
-        })
+        decode(
+            result
+                .as_deref()
+                .map_err(|abi::BatchError::Malformed| crate::BatchError::Malformed),
+        )
     }
 
     /// Send an already-packed batch to `check-packed` and return the guest's
@@ -94,10 +144,49 @@ impl Instance {
         self.bound(CALL, batch.len())?;
         // A raw batch may hold up to len / 29 items; fuel for that many.
         let fuel = self.batch_fuel(batch.len() / 29);
+        if self.core.is_some() {
+            return self.core_call(CALL, batch, fuel, |out| Ok(out.map(<[u8]>::to_vec)));
+        }
         let result = self.call(CALL, fuel, |b, store| {
             b.fencecheck_fence_check().call_check_packed(store, batch)
         })?;
         Ok(result.map_err(|abi::BatchError::Malformed| crate::BatchError::Malformed))
+    }
+
+    /// Run `check-packed` through the core transport; on a trap or a reply
+    /// that breaks the ABI, replace the core instance and report it.
+    fn core_call<T>(
+        &mut self,
+        call: &'static str,
+        batch: &[u8],
+        fuel: u64,
+        read: impl FnOnce(Result<&[u8], crate::BatchError>) -> Result<T, Error>,
+    ) -> Result<T, Error> {
+        let Some(core) = self.core.as_mut() else {
+            return Err(Error::Protocol {
+                call,
+                message: "no core transport".into(),
+            });
+        };
+        // Over the core transport the guest itself validates the strings'
+        // UTF-8 (the component API does that on the host), a few
+        // instructions per byte: fuel for that on top of the per-check budget.
+        let fuel = fuel.saturating_add(FUEL_PER_INPUT_BYTE.saturating_mul(batch.len() as u64));
+        match core.call(batch, fuel, read) {
+            Ok(value) => value,
+            Err(e) => {
+                // The guest's memory may be inconsistent after a trap, and a
+                // reply that broke the ABI proves nothing about it either.
+                self.core = self.runtime.core_guest()?;
+                Err(match e {
+                    CoreError::Trap(e) => Error::Trapped {
+                        call,
+                        message: format!("{e:#}"),
+                    },
+                    CoreError::Abi(message) => Error::Protocol { call, message },
+                })
+            }
+        }
     }
 
     /// [`Instance::check_batch`] through the typed `check-batch` export (a
@@ -302,8 +391,9 @@ impl Instance {
         Ok(())
     }
 
-    /// Run one export with a fresh fuel budget; on a trap, replace the
-    /// instance (its memory may be inconsistent) and report the trap.
+    /// Run one component export with a fresh fuel budget, instantiating the
+    /// component on first use; on a trap, drop the instantiation (its memory
+    /// may be inconsistent; the next call makes a fresh one) and report it.
     fn call<T>(
         &mut self,
         call: &'static str,
@@ -314,17 +404,35 @@ impl Instance {
             call,
             message: format!("{e:#}"),
         };
-        self.store.set_fuel(fuel).map_err(trapped)?;
-        match f(&self.bindings, &mut self.store) {
-            Ok(value) => Ok(value),
-            Err(e) => {
-                let error = trapped(e);
-                let (store, bindings) = self.runtime.instantiate()?;
-                self.store = store;
-                self.bindings = bindings;
-                Err(error)
+        let guest = match self.component.take() {
+            Some(guest) => guest,
+            None => self.component_guest()?,
+        };
+        let ComponentGuest {
+            mut store,
+            bindings,
+        } = guest;
+        store.set_fuel(fuel).map_err(trapped)?;
+        let result = f(&bindings, &mut store);
+        match result {
+            Ok(value) => {
+                self.component = Some(ComponentGuest { store, bindings });
+                Ok(value)
             }
+            Err(e) => Err(trapped(e)),
         }
+    }
+}
+
+/// Fuel per byte of packed input on the core transport: the guest's UTF-8
+/// validation of a multi-megabyte scope costs ~2 instructions per byte.
+const FUEL_PER_INPUT_BYTE: u64 = 8;
+
+fn too_large(call: &'static str, limit: usize) -> Error {
+    Error::TooLarge {
+        call,
+        bytes: usize::MAX,
+        limit,
     }
 }
 

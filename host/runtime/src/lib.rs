@@ -49,6 +49,7 @@
 
 mod abi;
 mod checker;
+mod core;
 mod error;
 mod instance;
 mod packed;
@@ -66,7 +67,7 @@ pub use fencecheck_guest::{
     Request, StateInfo, Token, WINDOW_CAPACITY, WindowEntry,
 };
 pub use instance::Instance;
-pub use runtime::{COMPONENT, Limits, Runtime};
+pub use runtime::{Allocation, COMPONENT, Limits, Runtime, Transport};
 pub use text::{TokenText, TokenTextError};
 
 /// A decision, or the reason no decision could be made. Either way it is

@@ -10,9 +10,9 @@ const HAS_OP_ID: u8 = 1 << 1;
 const HAS_EXPECTED: u8 = 1 << 2;
 const ALLOW_EQUAL: u8 = 1 << 3;
 
-/// Encode `items` as a packed batch. `None` if a count or length does not fit
-/// its u32 field (far beyond any transport bound).
-pub(crate) fn encode(items: &[(Option<&[u8]>, &Request)]) -> Option<Vec<u8>> {
+/// Append `items` to `out` as a packed batch. `None` if a count or length
+/// does not fit its u32 field (far beyond any transport bound).
+pub(crate) fn encode_into(out: &mut Vec<u8>, items: &[(Option<&[u8]>, &Request)]) -> Option<()> {
     let size: usize = items
         .iter()
         .map(|(s, r)| {
@@ -22,7 +22,7 @@ pub(crate) fn encode(items: &[(Option<&[u8]>, &Request)]) -> Option<Vec<u8>> {
                 .saturating_add(r.op_id.as_ref().map_or(0, String::len))
         })
         .fold(4, usize::saturating_add);
-    let mut out = Vec::with_capacity(size);
+    out.reserve(size);
     out.extend_from_slice(&u32::try_from(items.len()).ok()?.to_le_bytes());
     for (state, request) in items {
         let mut flags = 0;
@@ -49,15 +49,15 @@ pub(crate) fn encode(items: &[(Option<&[u8]>, &Request)]) -> Option<Vec<u8>> {
         if let Some(v) = request.expected_version {
             out.extend_from_slice(&v.to_le_bytes());
         }
-        put_bytes(&mut out, request.scope.as_bytes())?;
+        put_bytes(out, request.scope.as_bytes())?;
         if let Some(op) = &request.op_id {
-            put_bytes(&mut out, op.as_bytes())?;
+            put_bytes(out, op.as_bytes())?;
         }
         if let Some(s) = state {
-            put_bytes(&mut out, s)?;
+            put_bytes(out, s)?;
         }
     }
-    Some(out)
+    Some(())
 }
 
 fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) -> Option<()> {
@@ -76,7 +76,31 @@ pub(crate) fn decode(bytes: &[u8], expected: usize) -> Result<Vec<Outcome>, Stri
     }
     let mut outcomes = Vec::with_capacity(count);
     for _ in 0..count {
-        outcomes.push(match r.u8()? {
+        outcomes.push(outcome(&mut r)?);
+    }
+    if !r.0.is_empty() {
+        return Err(format!("{} trailing bytes", r.0.len()));
+    }
+    Ok(outcomes)
+}
+
+/// [`decode`] of a one-item batch, without the vector.
+pub(crate) fn decode_one(bytes: &[u8]) -> Result<Outcome, String> {
+    let mut r = Cursor(bytes);
+    let count = r.u32()?;
+    if count != 1 {
+        return Err(format!("{count} results for 1 item"));
+    }
+    let outcome = outcome(&mut r)?;
+    if !r.0.is_empty() {
+        return Err(format!("{} trailing bytes", r.0.len()));
+    }
+    Ok(outcome)
+}
+
+fn outcome(r: &mut Cursor<'_>) -> Result<Outcome, String> {
+    {
+        Ok(match r.u8()? {
             0 => {
                 let version = r.u64()?;
                 let highest = r.token()?;
@@ -125,12 +149,8 @@ pub(crate) fn decode(bytes: &[u8], expected: usize) -> Result<Vec<Outcome>, Stri
             }),
             133 => Err(CheckError::Exhausted),
             other => return Err(format!("unknown outcome tag {other}")),
-        });
+        })
     }
-    if !r.0.is_empty() {
-        return Err(format!("{} trailing bytes", r.0.len()));
-    }
-    Ok(outcomes)
 }
 
 struct Cursor<'a>(&'a [u8]);

@@ -10,6 +10,7 @@ use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConf
 use wasmtime::{ResourceLimiter, StoreLimits, StoreLimitsBuilder};
 
 use crate::abi::wit;
+use crate::core::{CoreGuest, CoreModule};
 use crate::{Error, Instance};
 
 /// The component built from `guest/` by this crate's build script.
@@ -27,8 +28,8 @@ pub struct Limits {
     /// Largest total input (states, scopes, op-ids) one call may carry; larger
     /// calls are refused with [`Error::TooLarge`] before reaching the guest.
     pub call_bytes: usize,
-    /// Instances that may exist at once across the process (the pool size).
-    pub instances: u32,
+    /// How instance memory is reserved.
+    pub allocation: Allocation,
 }
 
 impl Default for Limits {
@@ -37,21 +38,53 @@ impl Default for Limits {
             fuel_per_check: 10_000_000,
             memory_bytes: 64 << 20,
             call_bytes: 16 << 20,
-            instances: 256,
+            allocation: Allocation::OnDemand,
         }
     }
+}
+
+/// How the linear memories of instances are reserved.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Allocation {
+    /// Each instance maps its own memory when it is created (the default): a
+    /// process reserves address space only for the instances it makes. Costs
+    /// a few `mmap`s per instantiation, which happens once per thread or
+    /// connection, never per check.
+    OnDemand,
+    /// A pool for up to `instances` instances at once, reserved when the
+    /// runtime is created. Instantiation is cheaper, but every slot reserves
+    /// its memory's address space up front (BENCHMARKS.md, "Memory"), so use
+    /// it only for a process that really runs that many.
+    Pooling {
+        /// Instances that may exist at once across the process.
+        instances: u32,
+    },
+}
+
+/// How `check`, `check_batch` and `check_packed_raw` reach the guest.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transport {
+    /// `check-packed` called on the component's only core module, with the
+    /// canonical ABI done by this crate (one copy each way, three core calls):
+    /// several times cheaper per call than the component API on wasmtime 48.
+    /// Used whenever the component has the shape for it (checked at load).
+    Core,
+    /// The component API for every call.
+    Component,
 }
 
 pub(crate) struct Shared {
     pub(crate) engine: Engine,
     pub(crate) pre: wit::FencecheckPre<Limiter>,
+    pub(crate) core: Option<CoreModule>,
     pub(crate) limits: Limits,
 }
 
 /// The loaded component: one per process, shared by every thread.
 ///
-/// Holds the engine (with a pooling allocator and fuel metering), the compiled
-/// component and its pre-instantiation. Cloning is cheap.
+/// Holds the engine (with fuel metering), the compiled component, its
+/// pre-instantiation and, when the component has the shape for it, its
+/// compiled core module for the fast [`Transport::Core`]. Cloning is cheap.
 #[derive(Clone)]
 pub struct Runtime {
     pub(crate) shared: Arc<Shared>,
@@ -96,16 +129,20 @@ impl Runtime {
     /// Load component bytes with the given limits.
     pub fn from_bytes(bytes: &[u8], limits: Limits) -> Result<Self, Error> {
         let load = |e: wasmtime::Error| Error::Load(format!("{e:#}"));
-        let mut pool = PoolingAllocationConfig::default();
-        pool.total_component_instances(limits.instances)
-            .total_core_instances(limits.instances)
-            .total_memories(limits.instances)
-            .total_tables(limits.instances)
-            .max_memory_size(limits.memory_bytes);
         let mut config = Config::new();
-        config
-            .consume_fuel(true)
-            .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+        config.consume_fuel(true);
+        if let Allocation::Pooling { instances } = limits.allocation {
+            // An instance may hold a core instantiation and a component one
+            // (made on first use of an export the core transport lacks).
+            let instances = instances.max(1);
+            let mut pool = PoolingAllocationConfig::default();
+            pool.total_component_instances(instances)
+                .total_core_instances(instances.saturating_mul(2))
+                .total_memories(instances.saturating_mul(2))
+                .total_tables(instances.saturating_mul(2))
+                .max_memory_size(limits.memory_bytes);
+            config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+        }
         let engine = Engine::new(&config).map_err(load)?;
         let component = Component::from_binary(&engine, bytes).map_err(load)?;
         // The component imports nothing, so the linker stays empty: any import
@@ -113,13 +150,38 @@ impl Runtime {
         let linker = Linker::<Limiter>::new(&engine);
         let instance_pre = linker.instantiate_pre(&component).map_err(load)?;
         let pre = wit::FencecheckPre::new(instance_pre).map_err(load)?;
+        let core = CoreModule::find(&engine, bytes)?;
         Ok(Self {
             shared: Arc::new(Shared {
                 engine,
                 pre,
+                core,
                 limits,
             }),
         })
+    }
+
+    /// The same runtime with [`Transport::Component`] for every call (for
+    /// comparing the transports; the decisions are the same).
+    pub fn with_component_transport(&self) -> Self {
+        let shared = &self.shared;
+        Self {
+            shared: Arc::new(Shared {
+                engine: shared.engine.clone(),
+                pre: shared.pre.clone(),
+                core: None,
+                limits: shared.limits,
+            }),
+        }
+    }
+
+    /// How checks reach the guest in this runtime's instances.
+    pub fn transport(&self) -> Transport {
+        if self.shared.core.is_some() {
+            Transport::Core
+        } else {
+            Transport::Component
+        }
     }
 
     /// A fresh instance for this thread or connection.
@@ -132,7 +194,8 @@ impl Runtime {
         self.shared.limits
     }
 
-    pub(crate) fn instantiate(&self) -> Result<(Store<Limiter>, wit::Fencecheck), Error> {
+    /// A store with this runtime's memory limit and a fuel budget.
+    fn store(&self) -> Result<Store<Limiter>, Error> {
         let shared = &self.shared;
         let limiter = Limiter(
             StoreLimitsBuilder::new()
@@ -146,11 +209,28 @@ impl Runtime {
         store
             .set_fuel(shared.limits.fuel_per_check)
             .map_err(|e| Error::Instantiate(format!("{e:#}")))?;
-        let bindings = shared
+        Ok(store)
+    }
+
+    /// A component instantiation in a store of its own.
+    pub(crate) fn instantiate(&self) -> Result<(Store<Limiter>, wit::Fencecheck), Error> {
+        let mut store = self.store()?;
+        let bindings = self
+            .shared
             .pre
             .instantiate(&mut store)
             .map_err(|e| Error::Instantiate(format!("{e:#}")))?;
         Ok((store, bindings))
+    }
+
+    /// A core instantiation for [`Transport::Core`], if this runtime uses it.
+    pub(crate) fn core_guest(&self) -> Result<Option<CoreGuest>, Error> {
+        let Some(module) = &self.shared.core else {
+            return Ok(None);
+        };
+        CoreGuest::new(module, self.store()?)
+            .map(Some)
+            .map_err(|e| Error::Instantiate(format!("{e:#}")))
     }
 }
 

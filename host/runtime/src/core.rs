@@ -1,0 +1,251 @@
+//! The fast transport: `check-packed` called on the component's own core
+//! module, with the canonical ABI of `func(list<u8>) -> result<list<u8>,
+//! batch-error>` done here (as jco's glue does for Node and `_core.py` for
+//! Python).
+//!
+//! Why: on wasmtime 48 a component-model call costs ~330 ns before the guest
+//! runs (task bookkeeping, lifting and lowering each value through the
+//! component's type information, resource-table scopes), while a typed call
+//! into a core instance costs ~35 ns. A check needs three core calls
+//! (`cabi_realloc` for the argument, the export, its post-return) and one copy
+//! each way, and runs exactly the same guest code: the core module is the
+//! component's only one, so every instruction the component would run is in
+//! it. The decisions are those of the component API; `tests/properties.rs`
+//! and the agreement trace compare both transports.
+//!
+//! Used only when the component has the shape wit-component gives an
+//! import-free guest: exactly one core module anywhere in the binary,
+//! importing nothing, and exporting `memory`, `cabi_realloc`
+//! `(i32, i32, i32, i32) -> i32`, the check-packed function
+//! `(i32, i32) -> i32` and its post-return `(i32) -> ()`. Otherwise
+//! [`CoreModule::find`] returns `None` and the component API serves every
+//! call. Every pointer and length the guest returns is bounds-checked.
+
+use wasmtime::{Engine, ExternType, FuncType, Memory, Module, Store, TypedFunc, ValType};
+
+use crate::Error;
+use crate::runtime::Limiter;
+
+/// The core export behind `check-packed`, and its post-return.
+const EXPORT: &str = "fencecheck:fence/check@0.1.0#check-packed";
+const POST_RETURN: &str = "cabi_post_fencecheck:fence/check@0.1.0#check-packed";
+
+/// The component's core module, compiled and checked for the shape above.
+#[derive(Clone)]
+pub(crate) struct CoreModule(Module);
+
+impl CoreModule {
+    /// The only core module of `component`, if it has the expected shape.
+    /// `Ok(None)` means "use the component API"; an error means the module
+    /// could not be compiled (the component would not load either).
+    pub(crate) fn find(engine: &Engine, component: &[u8]) -> Result<Option<Self>, Error> {
+        let Some(bytes) = only_core_module(component) else {
+            return Ok(None);
+        };
+        let module = Module::new(engine, bytes).map_err(|e| Error::Load(format!("{e:#}")))?;
+        Ok(Self::checked(module))
+    }
+
+    /// `module` if it imports nothing and exports what the transport calls.
+    pub(crate) fn checked(module: Module) -> Option<Self> {
+        if module.imports().len() != 0 {
+            return None;
+        }
+        let func = |name: &str, params: &[ValType], results: &[ValType]| {
+            matches!(module.get_export(name), Some(ExternType::Func(f)) if signature(&f, params, results))
+        };
+        const I32: ValType = ValType::I32;
+        let shaped = matches!(module.get_export("memory"), Some(ExternType::Memory(_)))
+            && func("cabi_realloc", &[I32, I32, I32, I32], &[I32])
+            && func(EXPORT, &[I32, I32], &[I32])
+            && func(POST_RETURN, &[I32], &[]);
+        shaped.then_some(Self(module))
+    }
+
+    /// The compiled module (for precompiling it).
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) fn module(&self) -> &Module {
+        &self.0
+    }
+}
+
+fn signature(f: &FuncType, params: &[ValType], results: &[ValType]) -> bool {
+    f.params().len() == params.len()
+        && f.results().len() == results.len()
+        && f.params().zip(params).all(|(a, b)| ValType::eq(&a, b))
+        && f.results().zip(results).all(|(a, b)| ValType::eq(&a, b))
+}
+
+/// The bytes of the component's core module if it has exactly one (nested
+/// components included), else `None`.
+fn only_core_module(component: &[u8]) -> Option<&[u8]> {
+    let mut found = None;
+    for payload in wasmparser::Parser::new(0).parse_all(component) {
+        match payload.ok()? {
+            wasmparser::Payload::ModuleSection {
+                unchecked_range, ..
+            } => {
+                if found.is_some() {
+                    return None;
+                }
+                found = Some(component.get(unchecked_range)?);
+            }
+            // A bare core module is not a component (its own header comes
+            // first; a nested module's header follows its ModuleSection).
+            wasmparser::Payload::Version {
+                encoding: wasmparser::Encoding::Module,
+                ..
+            } if found.is_none() => return None,
+            _ => {}
+        }
+    }
+    found
+}
+
+/// One instance of the core module in its own store.
+pub(crate) struct CoreGuest {
+    store: Store<Limiter>,
+    memory: Memory,
+    realloc: TypedFunc<(i32, i32, i32, i32), i32>,
+    check: TypedFunc<(i32, i32), i32>,
+    post: TypedFunc<i32, ()>,
+}
+
+/// Why a core call produced no answer. Either way the instance must be
+/// discarded.
+pub(crate) enum CoreError {
+    /// The guest trapped (out of fuel, out of memory, a bug).
+    Trap(wasmtime::Error),
+    /// The guest's reply broke the canonical ABI (a pointer outside its
+    /// memory, an unknown discriminant).
+    Abi(String),
+}
+
+impl From<wasmtime::Error> for CoreError {
+    fn from(e: wasmtime::Error) -> Self {
+        CoreError::Trap(e)
+    }
+}
+
+impl CoreGuest {
+    pub(crate) fn new(module: &CoreModule, store: Store<Limiter>) -> wasmtime::Result<Self> {
+        let mut store = store;
+        let instance = wasmtime::Instance::new(&mut store, &module.0, &[])?;
+        let memory = instance
+            .get_memory(&mut store, "memory")
+            .ok_or_else(|| wasmtime::Error::msg("the core module exports no memory"))?;
+        Ok(Self {
+            realloc: instance.get_typed_func(&mut store, "cabi_realloc")?,
+            check: instance.get_typed_func(&mut store, EXPORT)?,
+            post: instance.get_typed_func(&mut store, POST_RETURN)?,
+            memory,
+            store,
+        })
+    }
+
+    /// Call `check-packed` on `batch` with `fuel`, handing the output bytes
+    /// (or the guest's `malformed`) to `read` before the guest frees them.
+    pub(crate) fn call<T>(
+        &mut self,
+        batch: &[u8],
+        fuel: u64,
+        read: impl FnOnce(Result<&[u8], crate::BatchError>) -> T,
+    ) -> Result<T, CoreError> {
+        let store = &mut self.store;
+        store.set_fuel(fuel)?;
+        let len = i32::try_from(batch.len())
+            .map_err(|_| CoreError::Abi("the batch does not fit the guest's address space".into()))?;
+        let at = self.realloc.call(&mut *store, (0, 0, 1, len))?;
+        let at = address(at, batch.len(), self.memory.data_size(&*store), "argument")?;
+        self.memory
+            .write(&mut *store, at, batch)
+            .map_err(|e| CoreError::Abi(e.to_string()))?;
+        let ret = self.check.call(&mut *store, (i32_of(at)?, len))?;
+        let value = {
+            let data = self.memory.data(&*store);
+            let area = address(ret, 12, data.len(), "result area")?;
+            if area % 4 != 0 {
+                return Err(CoreError::Abi(format!(
+                    "result area at {area} is not 4-aligned"
+                )));
+            }
+            let word = |i: usize| -> Result<u32, CoreError> {
+                let bytes = data
+                    .get(area + i..area + i + 4)
+                    .and_then(|b| <[u8; 4]>::try_from(b).ok())
+                    .ok_or_else(|| CoreError::Abi("result area out of bounds".into()))?;
+                Ok(u32::from_le_bytes(bytes))
+            };
+            let tag = word(0)? & 0xff;
+            match tag {
+                0 => {
+                    let ptr = word(4)?;
+                    let len = word(8)? as usize;
+                    let start = address(i32::from_ne_bytes(ptr.to_ne_bytes()), len, data.len(), "output")?;
+                    read(Ok(&data[start..start + len]))
+                }
+                // The error enum's only case is `malformed` (index 0).
+                1 if word(4)? & 0xff == 0 => read(Err(crate::BatchError::Malformed)),
+                other => {
+                    return Err(CoreError::Abi(format!(
+                        "result discriminant {other} is not a result case"
+                    )));
+                }
+            }
+        };
+        self.post.call(&mut *store, ret)?;
+        Ok(value)
+    }
+
+}
+
+/// `at` as an offset with `[at, at + len)` inside a memory of `size` bytes.
+fn address(at: i32, len: usize, size: usize, what: &str) -> Result<usize, CoreError> {
+    let start = u32::from_ne_bytes(at.to_ne_bytes()) as usize;
+    match start.checked_add(len) {
+        Some(end) if end <= size => Ok(start),
+        _ => Err(CoreError::Abi(format!(
+            "the {what} [{start}, +{len}) is outside guest memory ({size} bytes)"
+        ))),
+    }
+}
+
+fn i32_of(at: usize) -> Result<i32, CoreError> {
+    let at = u32::try_from(at).map_err(|_| CoreError::Abi(format!("address {at} is not 32-bit")))?;
+    Ok(i32::from_ne_bytes(at.to_ne_bytes()))
+}
+
+#[cfg(test)]
+#[allow(clippy::panic)]
+mod tests {
+    use super::*;
+
+    /// The embedded component has exactly one core module, of the expected
+    /// shape: the fast transport is what every default runtime uses.
+    #[test]
+    fn the_embedded_component_has_one_core_module() {
+        assert!(only_core_module(crate::COMPONENT).is_some());
+        let engine = Engine::default();
+        assert!(matches!(
+            CoreModule::find(&engine, crate::COMPONENT),
+            Ok(Some(_))
+        ));
+    }
+
+    /// A module with an import, or without the export, is not used.
+    #[test]
+    fn other_shapes_fall_back() {
+        let engine = Engine::default();
+        let bare = wat_module(&engine, b"\0asm\x01\0\0\0");
+        assert!(CoreModule::checked(bare).is_none());
+        assert!(only_core_module(b"\0asm\x01\0\0\0").is_none(), "a core module is no component");
+        assert!(only_core_module(b"not wasm").is_none());
+    }
+
+    fn wat_module(engine: &Engine, bytes: &[u8]) -> Module {
+        match Module::new(engine, bytes) {
+            Ok(m) => m,
+            Err(e) => panic!("{e:#}"),
+        }
+    }
+}
