@@ -2,6 +2,7 @@
 
 use core::cmp::Ordering;
 
+use crate::frame::same;
 use crate::state::{Next, State, Window};
 use crate::types::{
     CheckError, Decision, InvalidReason, MAX_OP_ID_BYTES, MAX_SCOPE_BYTES, Policy, Request, Token,
@@ -79,7 +80,7 @@ pub(crate) fn decide<'s>(
         Some(current) => {
             // The request's scope is valid UTF-8, so equal bytes are too;
             // only a different stored scope needs checking before it is shown.
-            if current.scope != request.scope {
+            if !same(current.scope, request.scope) {
                 return Err(CheckError::ScopeMismatch(current.scope_str()?.to_owned()));
             }
             if current.highest.authority != request.token.authority {

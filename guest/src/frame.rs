@@ -118,6 +118,27 @@ pub(crate) fn open(bytes: &[u8], magic: [u8; 2]) -> Result<(&[u8], u32), FrameEr
     Ok((covered.get(HEADER_LEN..).unwrap_or_default(), crc))
 }
 
+/// Whether two byte strings are equal, eight bytes at a time. `==` on slices
+/// calls `memcmp`, which in the wasm build is a byte loop of ~20
+/// instructions a byte; scopes and op-ids are compared on every check.
+#[inline(never)]
+pub(crate) fn same(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    let word = |c: &[u8]| c.first_chunk::<8>().map_or(0, |w| u64::from_le_bytes(*w));
+    match (a.last_chunk::<8>(), b.last_chunk::<8>()) {
+        // Whole words, then the last eight bytes (overlapping the last word).
+        (Some(a_last), Some(b_last)) => {
+            a.chunks_exact(8)
+                .zip(b.chunks_exact(8))
+                .all(|(x, y)| word(x) == word(y))
+                && a_last == b_last
+        }
+        _ => a.iter().zip(b).all(|(x, y)| x == y),
+    }
+}
+
 /// A cursor that never panics: every read past the end is `Malformed`.
 pub(crate) struct Reader<'a>(pub &'a [u8]);
 
@@ -165,6 +186,28 @@ impl<'a> Reader<'a> {
             Ok(())
         } else {
             Err(Corruption::Malformed)
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::indexing_slicing, clippy::arithmetic_side_effects)]
+mod tests {
+    use super::*;
+
+    /// `same` is `==`: every length, a difference at every position.
+    #[test]
+    fn same_is_equality() {
+        let a: Vec<u8> = (0..40u8).collect();
+        for len in 0..a.len() {
+            let x = &a[..len];
+            assert!(same(x, x));
+            assert!(!same(x, &a[..len + 1]));
+            for at in 0..len {
+                let mut y = x.to_vec();
+                y[at] ^= 0x80;
+                assert!(!same(x, &y), "len {len}, at {at}");
+            }
         }
     }
 }

@@ -136,10 +136,15 @@ fn token(out: &mut Vec<u8>, t: Token) {
 fn write_result(out: &mut Vec<u8>, result: Result<Verdict<'_>, CheckError>) {
     match result {
         Ok(Verdict::Applied { version, next }) => {
-            out.push(tag::APPLIED);
-            u64s(out, &[version]);
-            token(out, next.highest);
-            out.extend_from_slice(&(next.encoded_len() as u32).to_le_bytes());
+            // Tag, version, token and state length in one write.
+            let mut head = [0u8; 37];
+            head[0] = tag::APPLIED;
+            head[1..9].copy_from_slice(&version.to_le_bytes());
+            head[9..17].copy_from_slice(&next.highest.authority.to_le_bytes());
+            head[17..25].copy_from_slice(&next.highest.epoch.to_le_bytes());
+            head[25..33].copy_from_slice(&next.highest.counter.to_le_bytes());
+            head[33..].copy_from_slice(&(next.encoded_len() as u32).to_le_bytes());
+            out.extend_from_slice(&head);
             next.encode_into(out);
         }
         Ok(Verdict::Decided(decision)) => match decision {

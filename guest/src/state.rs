@@ -15,7 +15,7 @@
 //! input and every runtime writes the same bytes.
 
 use crate::crc;
-use crate::frame::{self, CRC_LEN, FORMAT_VERSION, FrameError, HEADER_LEN, Reader};
+use crate::frame::{self, CRC_LEN, FORMAT_VERSION, FrameError, HEADER_LEN, Reader, same};
 use crate::types::{
     CheckError, Corruption, MAX_OP_ID_BYTES, MAX_SCOPE_BYTES, StateInfo, Token, WindowEntry,
 };
@@ -76,7 +76,9 @@ impl<'a> Window<'a> {
 
     /// The version `op_id` was applied at, if it is in the window.
     pub(crate) fn find(&self, op_id: &[u8]) -> Option<u64> {
-        self.iter().find(|e| e.op_id == op_id).map(|e| e.version)
+        self.iter()
+            .find(|e| same(e.op_id, op_id))
+            .map(|e| e.version)
     }
 
     /// The window without its oldest entry.
@@ -214,7 +216,7 @@ fn decode_body(body: &[u8], crc: u32) -> Result<State<'_>, Corruption> {
         if earlier
             .iter()
             .take(usize::from(seen))
-            .any(|e| e.op_id == op_id)
+            .any(|e| same(e.op_id, op_id))
         {
             return Err(Corruption::Malformed);
         }
