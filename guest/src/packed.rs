@@ -60,15 +60,15 @@ fn parse(input: &[u8]) -> Result<Vec<Item<'_>>, BatchError> {
         .min(input.len() / 29);
     let mut items = Vec::with_capacity(capacity);
     for _ in 0..count {
-        let flags = r.u8().map_err(malformed)?;
+        // Flags and token: one bounds check for the fixed 25 bytes.
+        let (fixed, rest) = r.0.split_first_chunk::<25>().ok_or(BatchError::Malformed)?;
+        r.0 = rest;
+        let flags = fixed[0];
         if flags & !KNOWN_FLAGS != 0 {
             return Err(BatchError::Malformed);
         }
-        let token = Token::new(
-            r.u64().map_err(malformed)?,
-            r.u64().map_err(malformed)?,
-            r.u64().map_err(malformed)?,
-        );
+        let word = |b: &[u8]| b.first_chunk::<8>().map_or(0, |w| u64::from_le_bytes(*w));
+        let token = Token::new(word(&fixed[1..9]), word(&fixed[9..17]), word(&fixed[17..]));
         let expected_version = if flags & HAS_EXPECTED != 0 {
             Some(r.u64().map_err(malformed)?)
         } else {
