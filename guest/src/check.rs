@@ -2,29 +2,32 @@
 
 use core::cmp::Ordering;
 
-use crate::state::{Entry, State, WINDOW_CAPACITY};
+use crate::frame::same;
+use crate::state::{Next, State, Window};
 use crate::types::{
     CheckError, Decision, InvalidReason, MAX_OP_ID_BYTES, MAX_SCOPE_BYTES, Policy, Request, Token,
 };
 
 /// A request with borrowed strings: what the rules actually need, so a
-/// packed batch can be decided without copying its strings.
+/// packed batch can be decided without copying its strings. The rules only
+/// compare, measure and copy the strings, so they are kept as bytes; both
+/// are valid UTF-8 (a `Request`'s strings, or checked by the packed parser).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct RequestRef<'r> {
-    pub scope: &'r str,
+    pub scope: &'r [u8],
     pub token: Token,
     pub policy: Policy,
-    pub op_id: Option<&'r str>,
+    pub op_id: Option<&'r [u8]>,
     pub expected_version: Option<u64>,
 }
 
 impl<'r> From<&'r Request> for RequestRef<'r> {
     fn from(r: &'r Request) -> Self {
         RequestRef {
-            scope: &r.scope,
+            scope: r.scope.as_bytes(),
             token: r.token,
             policy: r.policy,
-            op_id: r.op_id.as_deref(),
+            op_id: r.op_id.as_deref().map(str::as_bytes),
             expected_version: r.expected_version,
         }
     }
@@ -34,7 +37,7 @@ impl<'r> From<&'r Request> for RequestRef<'r> {
 /// where its bytes go (a fresh `Vec`, or a batch's output buffer).
 #[derive(Debug)]
 pub(crate) enum Verdict<'s> {
-    Applied { version: u64, next: State<'s> },
+    Applied { version: u64, next: Next<'s> },
     Decided(Decision),
 }
 
@@ -55,6 +58,7 @@ pub fn check(state: Option<&[u8]>, request: &Request) -> Result<Decision, CheckE
 }
 
 /// The rules, in order, over borrowed inputs.
+#[inline]
 pub(crate) fn decide<'s>(
     state: Option<&'s [u8]>,
     request: RequestRef<'s>,
@@ -67,12 +71,17 @@ pub(crate) fn decide<'s>(
         None => None,
         Some(bytes) => Some(State::decode(bytes)?),
     };
-    let (version, window) = match current {
+    // What the new state keeps of the stored window, and the stored state
+    // itself when the new bytes will differ from it only in epoch, counter
+    // and version (its CRC is then patched rather than recomputed).
+    let (version, kept, base) = match current {
         // Rule 3: a scope with no state is at version 0; rules 4-7 do not apply.
-        None => (0, Vec::new()),
+        None => (0, Window::default(), None),
         Some(current) => {
-            if current.scope != request.scope {
-                return Err(CheckError::ScopeMismatch(current.scope.to_owned()));
+            // The request's scope is valid UTF-8, so equal bytes are too;
+            // only a different stored scope needs checking before it is shown.
+            if !same(current.scope, request.scope) {
+                return Err(CheckError::ScopeMismatch(current.scope_str()?.to_owned()));
             }
             if current.highest.authority != request.token.authority {
                 return Err(CheckError::ForeignAuthority {
@@ -90,13 +99,9 @@ pub(crate) fn decide<'s>(
                 }
                 Ordering::Equal => {
                     // Rule 5: a repeat of an applied op-id, under any policy.
-                    let seen = request
-                        .op_id
-                        .and_then(|op| current.window.iter().find(|e| e.op_id == op));
-                    if let Some(entry) = seen {
-                        return Ok(Verdict::Decided(Decision::Duplicate {
-                            version: entry.version,
-                        }));
+                    let seen = request.op_id.and_then(|op| current.window.find(op));
+                    if let Some(version) = seen {
+                        return Ok(Verdict::Decided(Decision::Duplicate { version }));
                     }
                     match request.policy {
                         // Rule 6: the grant was already used.
@@ -114,11 +119,16 @@ pub(crate) fn decide<'s>(
                                 InvalidReason::EqualTokenUnguarded,
                             ));
                         }
-                        Policy::AllowEqual => (current.version, current.window),
+                        Policy::AllowEqual => {
+                            (current.version, current.window, Some(current.base()))
+                        }
                     }
                 }
                 // A newer grant: the idempotency window restarts.
-                Ordering::Greater => (current.version, Vec::new()),
+                Ordering::Greater => {
+                    let base = current.window.is_empty().then(|| current.base());
+                    (current.version, Window::default(), base)
+                }
             }
         }
     };
@@ -135,24 +145,16 @@ pub(crate) fn decide<'s>(
 
     // Rule 9.
     let next = version.checked_add(1).ok_or(CheckError::Exhausted)?;
-    let mut window = window;
-    if let Some(op_id) = request.op_id {
-        if window.len() >= WINDOW_CAPACITY {
-            window.remove(0);
-        }
-        window.push(Entry {
-            op_id,
-            version: next,
-        });
-    }
     Ok(Verdict::Applied {
         version: next,
-        next: State {
-            scope: request.scope,
-            highest: request.token,
-            version: next,
-            window,
-        },
+        next: Next::new(
+            request.scope,
+            request.token,
+            next,
+            kept,
+            request.op_id,
+            base,
+        ),
     })
 }
 
@@ -167,7 +169,7 @@ fn validate(request: &RequestRef<'_>) -> Result<(), InvalidReason> {
         return Err(InvalidReason::ScopeTooLong);
     }
     match request.op_id {
-        Some("") => Err(InvalidReason::EmptyOpId),
+        Some([]) => Err(InvalidReason::EmptyOpId),
         Some(op) if op.len() > MAX_OP_ID_BYTES => Err(InvalidReason::OpIdTooLong),
         _ => Ok(()),
     }
@@ -228,6 +230,7 @@ mod tests {
     /// The window keeps the newest WINDOW_CAPACITY op-ids.
     #[test]
     fn window_is_bounded() {
+        use crate::state::WINDOW_CAPACITY;
         let t = Token::new(0, 0, 1);
         let mut state: Option<Vec<u8>> = None;
         for i in 0..WINDOW_CAPACITY + 1 {

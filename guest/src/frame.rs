@@ -17,8 +17,10 @@ use crate::types::Corruption;
 /// The format version this build writes (and the newest it reads).
 pub const FORMAT_VERSION: u8 = 1;
 
-const HEADER_LEN: usize = 2 + 1 + 4;
-const CRC_LEN: usize = 4;
+/// Magic, format and total length, before the body.
+pub(crate) const HEADER_LEN: usize = 2 + 1 + 4;
+/// The CRC-32C after the body.
+pub(crate) const CRC_LEN: usize = 4;
 
 /// Why a frame was refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -83,33 +85,58 @@ impl<'v> Writer<'v> {
     }
 }
 
-/// Verify a frame and return its body; see the module docs for the order.
-pub(crate) fn open(bytes: &[u8], magic: [u8; 2]) -> Result<&[u8], FrameError> {
+/// Verify a frame and return its body and its (verified) CRC-32C; see the
+/// module docs for the order.
+pub(crate) fn open(bytes: &[u8], magic: [u8; 2]) -> Result<(&[u8], u32), FrameError> {
     if bytes.len() < HEADER_LEN.saturating_add(CRC_LEN) {
         return Err(Corruption::Truncated.into());
     }
-    let mut header = Reader(bytes);
-    let found_magic = header.take(2)?;
-    let format = header.u8()?;
-    let length = header.u32()?;
+    let (Some((header, _)), Some((covered, stored_crc))) = (
+        bytes.split_first_chunk::<HEADER_LEN>(),
+        bytes.split_last_chunk::<CRC_LEN>(),
+    ) else {
+        return Err(Corruption::Truncated.into());
+    };
+    let length = u32::from_le_bytes([header[3], header[4], header[5], header[6]]);
     if usize::try_from(length).ok() != Some(bytes.len()) {
         return Err(Corruption::LengthMismatch.into());
     }
-    let split = bytes.len().saturating_sub(CRC_LEN);
-    let (covered, stored_crc) = bytes.split_at_checked(split).ok_or(Corruption::Truncated)?;
-    if stored_crc != crc32c(covered).to_le_bytes() {
+    let crc = crc32c(covered);
+    if *stored_crc != crc.to_le_bytes() {
         return Err(Corruption::ChecksumMismatch.into());
     }
-    if found_magic != magic {
+    if [header[0], header[1]] != magic {
         return Err(Corruption::Malformed.into());
     }
+    let format = header[2];
     if format > FORMAT_VERSION {
         return Err(FrameError::Unsupported(format));
     }
     if format != FORMAT_VERSION {
         return Err(Corruption::Malformed.into());
     }
-    Ok(covered.get(HEADER_LEN..).unwrap_or_default())
+    Ok((covered.get(HEADER_LEN..).unwrap_or_default(), crc))
+}
+
+/// Whether two byte strings are equal, eight bytes at a time. `==` on slices
+/// calls `memcmp`, which in the wasm build is a byte loop of ~20
+/// instructions a byte; scopes and op-ids are compared on every check.
+#[inline(never)]
+pub(crate) fn same(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    let word = |c: &[u8]| c.first_chunk::<8>().map_or(0, |w| u64::from_le_bytes(*w));
+    match (a.last_chunk::<8>(), b.last_chunk::<8>()) {
+        // Whole words, then the last eight bytes (overlapping the last word).
+        (Some(a_last), Some(b_last)) => {
+            a.chunks_exact(8)
+                .zip(b.chunks_exact(8))
+                .all(|(x, y)| word(x) == word(y))
+                && a_last == b_last
+        }
+        _ => a.iter().zip(b).all(|(x, y)| x == y),
+    }
 }
 
 /// A cursor that never panics: every read past the end is `Malformed`.
@@ -138,13 +165,19 @@ impl<'a> Reader<'a> {
         Ok(u64::from_le_bytes(self.array()?))
     }
 
-    /// A u16-length-prefixed UTF-8 string of `min..=max` bytes.
-    pub(crate) fn str(&mut self, min: usize, max: usize) -> Result<&'a str, Corruption> {
+    /// A u16-length-prefixed string of `min..=max` bytes, not yet checked
+    /// to be UTF-8.
+    pub(crate) fn bytes(&mut self, min: usize, max: usize) -> Result<&'a [u8], Corruption> {
         let len = usize::from(u16::from_le_bytes(self.array()?));
         if len < min || len > max {
             return Err(Corruption::Malformed);
         }
-        core::str::from_utf8(self.take(len)?).map_err(|_| Corruption::Malformed)
+        self.take(len)
+    }
+
+    /// A u16-length-prefixed UTF-8 string of `min..=max` bytes.
+    pub(crate) fn str(&mut self, min: usize, max: usize) -> Result<&'a str, Corruption> {
+        core::str::from_utf8(self.bytes(min, max)?).map_err(|_| Corruption::Malformed)
     }
 
     /// Canonical encodings end exactly where their last field does.
@@ -153,6 +186,28 @@ impl<'a> Reader<'a> {
             Ok(())
         } else {
             Err(Corruption::Malformed)
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::indexing_slicing, clippy::arithmetic_side_effects)]
+mod tests {
+    use super::*;
+
+    /// `same` is `==`: every length, a difference at every position.
+    #[test]
+    fn same_is_equality() {
+        let a: Vec<u8> = (0..40u8).collect();
+        for len in 0..a.len() {
+            let x = &a[..len];
+            assert!(same(x, x));
+            assert!(!same(x, &a[..len + 1]));
+            for at in 0..len {
+                let mut y = x.to_vec();
+                y[at] ^= 0x80;
+                assert!(!same(x, &y), "len {len}, at {at}");
+            }
         }
     }
 }

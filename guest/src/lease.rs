@@ -313,7 +313,7 @@ impl LeaseState {
     }
 
     fn decode(bytes: &[u8]) -> Result<LeaseState, LeaseError> {
-        let body = frame::open(bytes, MAGIC)?;
+        let (body, _) = frame::open(bytes, MAGIC)?;
         Self::decode_body(body).map_err(LeaseError::CorruptState)
     }
 
