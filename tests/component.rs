@@ -2,8 +2,8 @@
 
 use anyhow::{Context, Result, bail, ensure};
 use fencecheck::{
-    COMPONENT, CheckError, Checker, Decision, Error, InvalidReason, Limits, Native, Policy,
-    Request, Runtime, Token,
+    Allocation, COMPONENT, CheckError, Checker, Decision, Error, InvalidReason, Limits, Loaded,
+    Native, PRECOMPILED, Policy, Precompiled, Request, Runtime, Token, Transport,
 };
 use fencecheck_tests::runtime;
 use wasmparser::{Parser, Payload};
@@ -172,4 +172,122 @@ fn one_runtime_many_threads() -> Result<()> {
         h.join().map_err(|_| anyhow::anyhow!("thread panicked"))??;
     }
     Ok(())
+}
+
+/// The embedded component loads from its precompiled artifacts (no compile
+/// in a new process), for on-demand and pooled allocation alike, and uses the
+/// core transport.
+#[test]
+fn embedded_component_is_precompiled() -> Result<()> {
+    for allocation in [Allocation::OnDemand, Allocation::Pooling { instances: 4 }] {
+        let rt = Runtime::from_bytes(
+            COMPONENT,
+            Limits {
+                allocation,
+                ..Limits::default()
+            },
+        )?;
+        ensure!(
+            rt.loaded() == Loaded::Precompiled,
+            "{allocation:?}: {:?}",
+            rt.loaded()
+        );
+        ensure!(rt.transport() == Transport::Core);
+        let request = Request::new("report/july", Token::new(0, 0, 1), Policy::Strict);
+        ensure!(matches!(
+            rt.instance()?.check(None, &request)?,
+            Ok(Decision::Applied { .. })
+        ));
+    }
+    Ok(())
+}
+
+/// A precompiled artifact that is damaged (one byte flipped, in either part,
+/// or its checksum), made for other bytes, or made under another engine
+/// configuration is never deserialized: the runtime compiles the component
+/// instead and decides exactly as the precompiled one does.
+#[test]
+fn damaged_or_mismatched_artifacts_fall_back_to_compiling() -> Result<()> {
+    let request = Request::new("report/july", Token::new(0, 0, 1), Policy::Strict);
+    let expected = Runtime::new()?.instance()?.check(None, &request)?;
+    let mut component = PRECOMPILED.component.to_vec();
+    let middle = component.len() / 2;
+    component[middle] ^= 0x01;
+    let mut core = PRECOMPILED.core.to_vec();
+    let middle = core.len() / 2;
+    core[middle] ^= 0x80;
+    let mut sha256 = PRECOMPILED.sha256;
+    sha256[0] ^= 0x01;
+    // Under another configuration (no fuel): checksummed as if genuine, so
+    // only wasmtime's own compatibility check can refuse it.
+    let mut other = wasmtime::Config::new();
+    other.consume_fuel(false);
+    let wasm = |e: wasmtime::Error| anyhow::anyhow!("{e:#}");
+    let engine = wasmtime::Engine::new(&other).map_err(wasm)?;
+    let foreign_component = engine.precompile_component(COMPONENT).map_err(wasm)?;
+    let foreign_core = PRECOMPILED.core.to_vec();
+    let foreign_sha = digest(COMPONENT, &foreign_component, &foreign_core);
+    let cases: [(&str, &[u8], Precompiled<'_>); 5] = [
+        (
+            "component flipped",
+            COMPONENT,
+            Precompiled {
+                component: &component,
+                ..PRECOMPILED
+            },
+        ),
+        (
+            "core flipped",
+            COMPONENT,
+            Precompiled {
+                core: &core,
+                ..PRECOMPILED
+            },
+        ),
+        (
+            "checksum flipped",
+            COMPONENT,
+            Precompiled {
+                sha256,
+                ..PRECOMPILED
+            },
+        ),
+        (
+            "another configuration",
+            COMPONENT,
+            Precompiled {
+                component: &foreign_component,
+                core: &foreign_core,
+                sha256: foreign_sha,
+            },
+        ),
+        (
+            "empty",
+            COMPONENT,
+            Precompiled {
+                component: &[],
+                core: &[],
+                sha256: [0; 32],
+            },
+        ),
+    ];
+    for (what, bytes, precompiled) in cases {
+        let rt = Runtime::from_precompiled(bytes, &precompiled, Limits::default())?;
+        ensure!(rt.loaded() == Loaded::Compiled, "{what}: {:?}", rt.loaded());
+        ensure!(rt.instance()?.check(None, &request)? == expected, "{what}");
+    }
+    // The genuine artifacts, through the same entry point, are used.
+    let rt = Runtime::from_precompiled(COMPONENT, &PRECOMPILED, Limits::default())?;
+    ensure!(rt.loaded() == Loaded::Precompiled);
+    Ok(())
+}
+
+fn digest(bytes: &[u8], component: &[u8], core: &[u8]) -> [u8; 32] {
+    use sha2::Digest;
+    let mut digest = sha2::Sha256::new();
+    for part in [bytes, component, core] {
+        digest.update((part.len() as u64).to_le_bytes());
+        digest.update(part);
+    }
+    digest.finalize().into()
 }

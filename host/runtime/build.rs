@@ -1,5 +1,11 @@
 //! Builds the guest crate for `wasm32-unknown-unknown` and encodes it as the
-//! fencecheck component, so a plain `cargo build` embeds the component bytes.
+//! fencecheck component, so a plain `cargo build` embeds the component bytes;
+//! then precompiles the component and its core module for the host with the
+//! runtime's own engine configuration (`src/engine.rs`), so a new process
+//! deserializes machine code instead of running Cranelift. The runtime
+//! checks the artifacts' SHA-256 (written here) before it deserializes them
+//! and compiles the component instead if they do not match or wasmtime finds
+//! them incompatible.
 //!
 //! The nested cargo uses its own target directory (`<target>/guest`): the
 //! outer cargo holds the lock on its profile directory while build scripts run.
@@ -10,6 +16,14 @@ use std::error::Error;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+use sha2::{Digest, Sha256};
+
+#[path = "src/engine.rs"]
+mod engine;
+#[path = "src/shape.rs"]
+mod shape;
+use shape::only_core_module;
 
 fn main() -> Result<(), Box<dyn Error>> {
     let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR")?);
@@ -68,7 +82,29 @@ fn main() -> Result<(), Box<dyn Error>> {
         .module(&module)?
         .validate(true)
         .encode()?;
-    let out = PathBuf::from(env::var("OUT_DIR")?).join("fencecheck.wasm");
-    fs::write(&out, &component)?;
+    let out_dir = PathBuf::from(env::var("OUT_DIR")?);
+    fs::write(out_dir.join("fencecheck.wasm"), &component)?;
+
+    // Precompiled only for the machine kind that builds (a cross build's
+    // artifacts would be compiled for another CPU's features anyway and be
+    // refused at load): otherwise empty artifacts, and the runtime compiles.
+    let (cwasm, core_cwasm) = if env::var("TARGET")? == env::var("HOST")? {
+        let engine = wasmtime::Engine::new(&engine::config())?;
+        let core = only_core_module(&component).ok_or("the component has no single core module")?;
+        (
+            engine.precompile_component(&component)?,
+            engine.precompile_module(core)?,
+        )
+    } else {
+        (Vec::new(), Vec::new())
+    };
+    let mut digest = Sha256::new();
+    for part in [&component[..], &cwasm, &core_cwasm] {
+        digest.update((part.len() as u64).to_le_bytes());
+        digest.update(part);
+    }
+    fs::write(out_dir.join("fencecheck.cwasm"), &cwasm)?;
+    fs::write(out_dir.join("fencecheck-core.cwasm"), &core_cwasm)?;
+    fs::write(out_dir.join("fencecheck.cwasm.sha256"), digest.finalize())?;
     Ok(())
 }

@@ -99,11 +99,9 @@ fn runtime(component: Option<&PathBuf>) -> Result<Runtime> {
 fn checker(kind: RuntimeKind, component: Option<&PathBuf>) -> Result<Box<dyn Checker>> {
     Ok(match kind {
         RuntimeKind::Wasm => Box::new(runtime(component)?.instance()?),
-        RuntimeKind::WasmComponent => Box::new(
-            runtime(component)?
-                .with_component_transport()
-                .instance()?,
-        ),
+        RuntimeKind::WasmComponent => {
+            Box::new(runtime(component)?.with_component_transport().instance()?)
+        }
         RuntimeKind::Native => Box::new(Native),
     })
 }

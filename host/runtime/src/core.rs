@@ -25,6 +25,7 @@ use wasmtime::{Engine, ExternType, FuncType, Memory, Module, Store, TypedFunc, V
 
 use crate::Error;
 use crate::runtime::Limiter;
+use crate::shape::only_core_module;
 
 /// The core export behind `check-packed`, and its post-return.
 const EXPORT: &str = "fencecheck:fence/check@0.1.0#check-packed";
@@ -51,9 +52,7 @@ impl CoreModule {
         if module.imports().len() != 0 {
             return None;
         }
-        let func = |name: &str, params: &[ValType], results: &[ValType]| {
-            matches!(module.get_export(name), Some(ExternType::Func(f)) if signature(&f, params, results))
-        };
+        let func = |name: &str, params: &[ValType], results: &[ValType]| matches!(module.get_export(name), Some(ExternType::Func(f)) if signature(&f, params, results));
         const I32: ValType = ValType::I32;
         let shaped = matches!(module.get_export("memory"), Some(ExternType::Memory(_)))
             && func("cabi_realloc", &[I32, I32, I32, I32], &[I32])
@@ -74,32 +73,6 @@ fn signature(f: &FuncType, params: &[ValType], results: &[ValType]) -> bool {
         && f.results().len() == results.len()
         && f.params().zip(params).all(|(a, b)| ValType::eq(&a, b))
         && f.results().zip(results).all(|(a, b)| ValType::eq(&a, b))
-}
-
-/// The bytes of the component's core module if it has exactly one (nested
-/// components included), else `None`.
-fn only_core_module(component: &[u8]) -> Option<&[u8]> {
-    let mut found = None;
-    for payload in wasmparser::Parser::new(0).parse_all(component) {
-        match payload.ok()? {
-            wasmparser::Payload::ModuleSection {
-                unchecked_range, ..
-            } => {
-                if found.is_some() {
-                    return None;
-                }
-                found = Some(component.get(unchecked_range)?);
-            }
-            // A bare core module is not a component (its own header comes
-            // first; a nested module's header follows its ModuleSection).
-            wasmparser::Payload::Version {
-                encoding: wasmparser::Encoding::Module,
-                ..
-            } if found.is_none() => return None,
-            _ => {}
-        }
-    }
-    found
 }
 
 /// One instance of the core module in its own store.
@@ -153,8 +126,9 @@ impl CoreGuest {
     ) -> Result<T, CoreError> {
         let store = &mut self.store;
         store.set_fuel(fuel)?;
-        let len = i32::try_from(batch.len())
-            .map_err(|_| CoreError::Abi("the batch does not fit the guest's address space".into()))?;
+        let len = i32::try_from(batch.len()).map_err(|_| {
+            CoreError::Abi("the batch does not fit the guest's address space".into())
+        })?;
         let at = self.realloc.call(&mut *store, (0, 0, 1, len))?;
         let at = address(at, batch.len(), self.memory.data_size(&*store), "argument")?;
         self.memory
@@ -181,7 +155,12 @@ impl CoreGuest {
                 0 => {
                     let ptr = word(4)?;
                     let len = word(8)? as usize;
-                    let start = address(i32::from_ne_bytes(ptr.to_ne_bytes()), len, data.len(), "output")?;
+                    let start = address(
+                        i32::from_ne_bytes(ptr.to_ne_bytes()),
+                        len,
+                        data.len(),
+                        "output",
+                    )?;
                     read(Ok(&data[start..start + len]))
                 }
                 // The error enum's only case is `malformed` (index 0).
@@ -196,7 +175,6 @@ impl CoreGuest {
         self.post.call(&mut *store, ret)?;
         Ok(value)
     }
-
 }
 
 /// `at` as an offset with `[at, at + len)` inside a memory of `size` bytes.
@@ -211,7 +189,8 @@ fn address(at: i32, len: usize, size: usize, what: &str) -> Result<usize, CoreEr
 }
 
 fn i32_of(at: usize) -> Result<i32, CoreError> {
-    let at = u32::try_from(at).map_err(|_| CoreError::Abi(format!("address {at} is not 32-bit")))?;
+    let at =
+        u32::try_from(at).map_err(|_| CoreError::Abi(format!("address {at} is not 32-bit")))?;
     Ok(i32::from_ne_bytes(at.to_ne_bytes()))
 }
 
@@ -238,7 +217,10 @@ mod tests {
         let engine = Engine::default();
         let bare = wat_module(&engine, b"\0asm\x01\0\0\0");
         assert!(CoreModule::checked(bare).is_none());
-        assert!(only_core_module(b"\0asm\x01\0\0\0").is_none(), "a core module is no component");
+        assert!(
+            only_core_module(b"\0asm\x01\0\0\0").is_none(),
+            "a core module is no component"
+        );
         assert!(only_core_module(b"not wasm").is_none());
     }
 

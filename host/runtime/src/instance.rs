@@ -7,7 +7,7 @@ use crate::abi::{
     check_abi as abi, error_in, info_in, lease_abi, lease_error_in, outcome_in, request_bytes,
     request_out, token_in, token_out, wit,
 };
-use crate::core::{CoreGuest, CoreError};
+use crate::core::{CoreError, CoreGuest};
 use crate::runtime::Limiter;
 use crate::{
     Acquire, AcquireRequest, CheckError, Checker, Error, Holder, LeaseError, LeaseInfo, Outcome,
@@ -79,8 +79,10 @@ impl Instance {
                         call: CALL,
                         message: "the guest refused the host's encoding as malformed".into(),
                     })?;
-                    crate::packed::decode_one(out)
-                        .map_err(|message| Error::Protocol { call: CALL, message })
+                    crate::packed::decode_one(out).map_err(|message| Error::Protocol {
+                        call: CALL,
+                        message,
+                    })
                 }),
                 None => Err(too_large(CALL, self.runtime.shared.limits.call_bytes)),
             };

@@ -50,10 +50,12 @@
 mod abi;
 mod checker;
 mod core;
+mod engine;
 mod error;
 mod instance;
 mod packed;
 mod runtime;
+mod shape;
 mod text;
 #[cfg(feature = "vectors")]
 pub mod vectors;
@@ -67,7 +69,9 @@ pub use fencecheck_guest::{
     Request, StateInfo, Token, WINDOW_CAPACITY, WindowEntry,
 };
 pub use instance::Instance;
-pub use runtime::{Allocation, COMPONENT, Limits, Runtime, Transport};
+pub use runtime::{
+    Allocation, COMPONENT, Limits, Loaded, PRECOMPILED, Precompiled, Runtime, Transport,
+};
 pub use text::{TokenText, TokenTextError};
 
 /// A decision, or the reason no decision could be made. Either way it is

@@ -5,8 +5,9 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use sha2::{Digest, Sha256};
 use wasmtime::component::{Component, Linker};
-use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store};
+use wasmtime::{Engine, InstanceAllocationStrategy, Module, PoolingAllocationConfig, Store};
 use wasmtime::{ResourceLimiter, StoreLimits, StoreLimitsBuilder};
 
 use crate::abi::wit;
@@ -15,6 +16,44 @@ use crate::{Error, Instance};
 
 /// The component built from `guest/` by this crate's build script.
 pub static COMPONENT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/fencecheck.wasm"));
+
+/// Machine code for a component, made ahead of time by wasmtime
+/// (`Engine::precompile_component` and `precompile_module` for its core
+/// module), and the SHA-256 that binds both artifacts to the component bytes.
+/// Not part of the stable API: public so that tests can hand a runtime a
+/// damaged or mismatched artifact.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug)]
+pub struct Precompiled<'a> {
+    /// `precompile_component` of the component.
+    pub component: &'a [u8],
+    /// `precompile_module` of the component's only core module.
+    pub core: &'a [u8],
+    /// SHA-256 over (length as u64 LE, bytes) of the component, then of
+    /// `component`, then of `core`.
+    pub sha256: [u8; 32],
+}
+
+/// [`COMPONENT`] precompiled by this crate's build script for the machine
+/// kind that built it, under the runtime's engine configuration.
+#[doc(hidden)]
+pub static PRECOMPILED: Precompiled<'static> = Precompiled {
+    component: include_bytes!(concat!(env!("OUT_DIR"), "/fencecheck.cwasm")),
+    core: include_bytes!(concat!(env!("OUT_DIR"), "/fencecheck-core.cwasm")),
+    sha256: *include_bytes!(concat!(env!("OUT_DIR"), "/fencecheck.cwasm.sha256")),
+};
+
+/// Where a runtime's machine code came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Loaded {
+    /// Deserialized from the artifacts built with this crate: no compile in
+    /// this process.
+    Precompiled,
+    /// Compiled by Cranelift when the runtime was created: another component,
+    /// or the embedded artifacts did not match this machine, this wasmtime's
+    /// configuration, or their checksum.
+    Compiled,
+}
 
 /// Bounds on every instance of a [`Runtime`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -78,6 +117,7 @@ pub(crate) struct Shared {
     pub(crate) pre: wit::FencecheckPre<Limiter>,
     pub(crate) core: Option<CoreModule>,
     pub(crate) limits: Limits,
+    pub(crate) loaded: Loaded,
 }
 
 /// The loaded component: one per process, shared by every thread.
@@ -126,11 +166,32 @@ impl Runtime {
         Self::from_bytes(&bytes, limits)
     }
 
-    /// Load component bytes with the given limits.
+    /// Load component bytes with the given limits. The embedded component
+    /// ([`COMPONENT`]) is loaded from its precompiled artifacts when they fit
+    /// this machine; any other bytes are compiled.
     pub fn from_bytes(bytes: &[u8], limits: Limits) -> Result<Self, Error> {
+        let precompiled = (bytes == COMPONENT).then_some(&PRECOMPILED);
+        Self::load(bytes, precompiled, limits)
+    }
+
+    /// Load `bytes` using `precompiled` if it is theirs and fits this engine,
+    /// else compile them. Not part of the stable API (tests use it).
+    #[doc(hidden)]
+    pub fn from_precompiled(
+        bytes: &[u8],
+        precompiled: &Precompiled<'_>,
+        limits: Limits,
+    ) -> Result<Self, Error> {
+        Self::load(bytes, Some(precompiled), limits)
+    }
+
+    fn load(
+        bytes: &[u8],
+        precompiled: Option<&Precompiled<'_>>,
+        limits: Limits,
+    ) -> Result<Self, Error> {
         let load = |e: wasmtime::Error| Error::Load(format!("{e:#}"));
-        let mut config = Config::new();
-        config.consume_fuel(true);
+        let mut config = crate::engine::config();
         if let Allocation::Pooling { instances } = limits.allocation {
             // An instance may hold a core instantiation and a component one
             // (made on first use of an export the core transport lacks).
@@ -144,21 +205,35 @@ impl Runtime {
             config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
         }
         let engine = Engine::new(&config).map_err(load)?;
-        let component = Component::from_binary(&engine, bytes).map_err(load)?;
+        let (component, core, loaded) =
+            match precompiled.and_then(|p| deserialize(&engine, bytes, p)) {
+                Some((component, core)) => (component, core, Loaded::Precompiled),
+                None => (
+                    Component::from_binary(&engine, bytes).map_err(load)?,
+                    CoreModule::find(&engine, bytes)?,
+                    Loaded::Compiled,
+                ),
+            };
         // The component imports nothing, so the linker stays empty: any import
         // would make this fail rather than be satisfied by accident.
         let linker = Linker::<Limiter>::new(&engine);
         let instance_pre = linker.instantiate_pre(&component).map_err(load)?;
         let pre = wit::FencecheckPre::new(instance_pre).map_err(load)?;
-        let core = CoreModule::find(&engine, bytes)?;
         Ok(Self {
             shared: Arc::new(Shared {
                 engine,
                 pre,
                 core,
                 limits,
+                loaded,
             }),
         })
+    }
+
+    /// Whether this runtime's machine code was precompiled or compiled when
+    /// it was created.
+    pub fn loaded(&self) -> Loaded {
+        self.shared.loaded
     }
 
     /// The same runtime with [`Transport::Component`] for every call (for
@@ -171,6 +246,7 @@ impl Runtime {
                 pre: shared.pre.clone(),
                 core: None,
                 limits: shared.limits,
+                loaded: shared.loaded,
             }),
         }
     }
@@ -232,6 +308,39 @@ impl Runtime {
             .map(Some)
             .map_err(|e| Error::Instantiate(format!("{e:#}")))
     }
+}
+
+/// The precompiled component and core module, if `precompiled` was made from
+/// `bytes` (checksum), is intact, and wasmtime accepts it for `engine`; else
+/// `None` and the caller compiles.
+fn deserialize(
+    engine: &Engine,
+    bytes: &[u8],
+    precompiled: &Precompiled<'_>,
+) -> Option<(Component, Option<CoreModule>)> {
+    if precompiled.component.is_empty() || precompiled.core.is_empty() {
+        return None;
+    }
+    let mut digest = Sha256::new();
+    for part in [bytes, precompiled.component, precompiled.core] {
+        digest.update((part.len() as u64).to_le_bytes());
+        digest.update(part);
+    }
+    if digest.finalize().as_slice() != precompiled.sha256.as_slice() {
+        return None;
+    }
+    // SAFETY: deserializing runs the bytes as machine code. These were made
+    // by wasmtime's own precompile from exactly `bytes` (the SHA-256 above,
+    // written by build.rs next to the artifacts, binds them and detects any
+    // damage since), and wasmtime checks that its version, this engine's
+    // configuration and the CPU's features match what they were compiled
+    // for, refusing them otherwise.
+    #[allow(unsafe_code)]
+    let component = unsafe { Component::deserialize(engine, precompiled.component) }.ok()?;
+    // SAFETY: as above, for the core module's artifact.
+    #[allow(unsafe_code)]
+    let module = unsafe { Module::deserialize(engine, precompiled.core) }.ok()?;
+    Some((component, Some(CoreModule::checked(module)?)))
 }
 
 /// Store data: only the memory limiter.
