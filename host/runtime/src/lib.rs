@@ -10,8 +10,14 @@
 //!
 //! - [`Runtime`]: one per process. Shares the wasmtime engine, the compiled
 //!   component and its pre-instantiation; cheap to clone and `Send + Sync`.
+//!   The embedded component is loaded from machine code precompiled at build
+//!   time ([`Loaded`]); [`Limits`] bound every call, [`Allocation`] chooses
+//!   on-demand memory (default) or a pool.
 //! - [`Instance`]: one per thread or connection. Bounded per call (fuel) and in
 //!   memory; re-instantiated after a trap, which is reported as [`Error::Trapped`].
+//!   Checks cross into the guest over the component's core module
+//!   ([`Transport::Core`], several times cheaper than the component API on
+//!   wasmtime 48) when its shape allows, else the component API.
 //! - [`Native`]: the reference implementation, compiled from the same guest
 //!   source; implements the same [`Checker`] trait.
 //! - `vectors` (feature `vectors`): the cross-runtime conformance runner
