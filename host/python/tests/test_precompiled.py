@@ -217,3 +217,11 @@ def test_the_engine_is_configured_from_the_keyed_settings():
     """The key names every Config setting the runtime makes (fuel on)."""
     assert pre.ENGINE_SETTINGS == (("consume_fuel", True),)
     assert pre.ENGINE_KEY == "consume_fuel=True"
+
+
+def test_the_component_is_found_without_reading_beside_the_module(monkeypatch, tmp_path):
+    """When the package directory cannot be read directly (a zip), the
+    component comes through importlib.resources, as before."""
+    expected = _default_component()
+    monkeypatch.setattr(pre, "PACKAGE_DIR", str(tmp_path / "absent"))
+    assert _default_component() == expected

@@ -21,7 +21,7 @@ functions) use the generic conversion for arguments.
 from __future__ import annotations
 
 import ctypes
-import importlib.resources
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from os import PathLike
@@ -81,6 +81,16 @@ class Limits:
 
 
 def _default_component() -> bytes:
+    """The packaged component, read beside this module: importing
+    ``importlib.resources`` would cost a new process several milliseconds. It
+    is used only when the package is not on a file system (a zip)."""
+    try:
+        with open(os.path.join(_precompiled.PACKAGE_DIR, "fencecheck.wasm"), "rb") as f:
+            return f.read()
+    except OSError:
+        pass  # read below, which reports a missing component
+    import importlib.resources
+
     resource = importlib.resources.files(__package__).joinpath("fencecheck.wasm")
     try:
         return resource.read_bytes()
