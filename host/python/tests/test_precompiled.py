@@ -6,6 +6,8 @@ import hashlib
 import os
 import shutil
 import stat
+import subprocess
+import sys
 import warnings
 
 import pytest
@@ -225,3 +227,18 @@ def test_the_component_is_found_without_reading_beside_the_module(monkeypatch, t
     expected = _default_component()
     monkeypatch.setattr(pre, "PACKAGE_DIR", str(tmp_path / "absent"))
     assert _default_component() == expected
+
+
+def test_cli_precompile(tmp_path):
+    """`python -m fencecheck precompile --out DIR` (what build-component runs)
+    writes artifacts a runtime uses; an unwritable target exits non-zero."""
+    done = subprocess.run(
+        [sys.executable, "-m", "fencecheck", "precompile", "--out", str(tmp_path)], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("wrote ") == 3
+    assert fc.Runtime(precompiled=tmp_path).loaded_from == "precompiled"
+    refused = subprocess.run(
+        [sys.executable, "-m", "fencecheck", "precompile", "--out", str(tmp_path / "absent")], capture_output=True, text=True
+    )
+    assert refused.returncode == 1 and "writing the precompiled artifacts" in refused.stderr

@@ -53,7 +53,12 @@ def _precompile(component: str | None, out: str | None) -> int:
         print(f"fencecheck: reading the component at {component}: {e}", file=sys.stderr)
         return 1
     directory = out or _precompiled.PACKAGE_DIR
-    for name, size in _precompiled.write(wasm, directory):
+    try:
+        written = _precompiled.write(wasm, directory)
+    except OSError as e:
+        print(f"fencecheck: writing the precompiled artifacts to {directory}: {e}", file=sys.stderr)
+        return 1
+    for name, size in written:
         print(f"wrote {directory}/{name} ({size} bytes)")
     return 0
 
