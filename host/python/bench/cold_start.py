@@ -15,6 +15,8 @@ Cases:
 
 - ``python -c pass``: the interpreter, with this environment's ``site``;
 - ``import wasmtime``;
+- ``import wasmtime.component``: the floor of any host of a component in
+  wasmtime-py (``import fencecheck`` needs the component API);
 - ``import fencecheck; fencecheck.Runtime().instance()`` with the packaged
   precompiled artifacts (``Runtime.loaded_from == "precompiled"``, checked);
 - the same with ``FENCECHECK_PRECOMPILED=0``: Cranelift compiles the
@@ -112,6 +114,7 @@ def main() -> None:
     cases: list[tuple[str, list[str], dict[str, str], str | None]] = [
         ("python -c pass", [exe, "-c", "pass"], env, None),
         ("import wasmtime", [exe, "-c", "import wasmtime"], env, None),
+        ("import wasmtime.component", [exe, "-c", "import wasmtime.component"], env, None),
         ("fencecheck, precompiled", [exe, "-c", FIRST_INSTANCE], env, "precompiled"),
         ("fencecheck, FENCECHECK_PRECOMPILED=0", [exe, "-c", FIRST_INSTANCE], compile_env, "compiled"),
     ]
