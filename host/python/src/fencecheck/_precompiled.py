@@ -114,7 +114,8 @@ def load(engine: wasmtime.Engine, component: bytes, where: Union[bool, str, Path
     """The precompiled component from ``where`` (``True``: the package
     directory, unless ``FENCECHECK_PRECOMPILED=0``; ``False``: none; a path:
     that directory), or the reason it is not used (the caller compiles).
-    Raises nothing: every failure here has the fallback."""
+    A missing, mismatched, damaged or unsafe artifact never raises here: each
+    has that fallback."""
     if where is False:
         return "precompiled=False"
     if where is True:
