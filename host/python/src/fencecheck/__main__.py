@@ -1,8 +1,10 @@
-"""``python -m fencecheck``: the vector runner and the agreement trace.
+"""``python -m fencecheck``: the vector runner, the agreement trace, and the
+precompiler the package build runs.
 
     python -m fencecheck vectors FILE...   # ends with `N passed, N failed`
     python -m fencecheck trace FILE        # one canonical line per step
     python -m fencecheck trace --batch typed FILE   # batches through typed check-batch
+    python -m fencecheck precompile [--out DIR]     # machine code for this host (_precompiled)
 """
 
 from __future__ import annotations
@@ -41,6 +43,26 @@ def _vectors(files: list[str], component: str | None) -> int:
     return 0 if failed == 0 and passed > 0 else 1
 
 
+def _precompile(component: str | None, out: str | None) -> int:
+    from . import _precompiled
+    from ._guest import _default_component
+
+    try:
+        wasm = _default_component() if component is None else open(component, "rb").read()
+    except OSError as e:
+        print(f"fencecheck: reading the component at {component}: {e}", file=sys.stderr)
+        return 1
+    directory = out or _precompiled.PACKAGE_DIR
+    try:
+        written = _precompiled.write(wasm, directory)
+    except OSError as e:
+        print(f"fencecheck: writing the precompiled artifacts to {directory}: {e}", file=sys.stderr)
+        return 1
+    for name, size in written:
+        print(f"wrote {directory}/{name} ({size} bytes)")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m fencecheck", description=__doc__.splitlines()[0])
     parser.add_argument("--component", help="load this component file instead of the packaged one")
@@ -53,10 +75,14 @@ def main(argv: list[str] | None = None) -> int:
         "--batch", choices=("packed", "typed"), default="packed",
         help="the export batch lines go through: check-packed (as check_batch does) or typed check-batch",
     )
+    p = sub.add_parser("precompile", help="write the component precompiled for this host and wasmtime-py")
+    p.add_argument("--out", help="the directory to write to (default: the package's, where Runtime() looks)")
     args = parser.parse_args(argv)
     try:
         if args.command == "vectors":
             return _vectors(args.files, args.component)
+        if args.command == "precompile":
+            return _precompile(args.component, args.out)
         from . import trace
 
         return trace.main(args.file, Runtime(args.component).instance(), typed_batches=args.batch == "typed")

@@ -74,15 +74,31 @@ def _modules(component: bytes) -> Optional[list[bytes]]:
     return found
 
 
-def core_module(engine: wasmtime.Engine, component: bytes) -> Optional[wasmtime.Module]:
-    """The component's only core module, if it has the shape described above."""
+def core_wasm(component: bytes) -> Optional[bytes]:
+    """The component's only core module (its bytes), if it has exactly one."""
     modules = _modules(component)
     if not modules or len(modules) != 1:
         return None
+    return modules[0]
+
+
+def core_module(engine: wasmtime.Engine, component: bytes) -> Optional[wasmtime.Module]:
+    """The component's only core module, compiled, if it has the shape
+    described above."""
+    wasm = core_wasm(component)
+    if wasm is None:
+        return None
     try:
-        module = wasmtime.Module(engine, modules[0])
+        module = wasmtime.Module(engine, wasm)
     except wasmtime.WasmtimeError:
         return None
+    return checked(module)
+
+
+def checked(module: wasmtime.Module) -> Optional[wasmtime.Module]:
+    """``module`` if it imports nothing and has the four exports with their
+    exact core types, else ``None``. Also applied to a precompiled module
+    (``_precompiled``), so both ways of getting it are held to one shape."""
     if list(module.imports):
         return None
     exports = {e.name: e.type for e in module.exports}

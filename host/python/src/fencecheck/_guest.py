@@ -1,8 +1,10 @@
 """The component, loaded by wasmtime-py's component API.
 
-``Runtime`` (one per process) compiles the component; ``Instance`` (one per
-thread) calls it under a fuel budget and a memory limit, and is replaced after
-a trap, as in the Rust host (host/runtime/src/runtime.rs).
+``Runtime`` (one per process) loads the component: deserialized from the
+artifacts precompiled for this host when the package carries matching ones
+(``_precompiled``), else compiled; ``Instance`` (one per thread) calls it
+under a fuel budget and a memory limit, and is replaced after a trap, as in
+the Rust host (host/runtime/src/runtime.rs).
 
 ``check`` passes its values through ``_abi`` (raw C API values, about 10x
 faster than wasmtime-py's generic conversion). ``check_batch`` encodes its
@@ -19,7 +21,7 @@ functions) use the generic conversion for arguments.
 from __future__ import annotations
 
 import ctypes
-import importlib.resources
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from os import PathLike
@@ -29,7 +31,7 @@ import wasmtime
 from wasmtime import _ffi as ffi
 from wasmtime import component as wc
 
-from . import _abi, _core, _packed
+from . import _abi, _core, _packed, _precompiled
 from ._types import (
     Acquired,
     Busy,
@@ -79,6 +81,16 @@ class Limits:
 
 
 def _default_component() -> bytes:
+    """The packaged component, read beside this module: importing
+    ``importlib.resources`` would cost a new process several milliseconds. It
+    is used only when the package is not on a file system (a zip)."""
+    try:
+        with open(os.path.join(_precompiled.PACKAGE_DIR, "fencecheck.wasm"), "rb") as f:
+            return f.read()
+    except OSError:
+        pass  # read below, which reports a missing component
+    import importlib.resources
+
     resource = importlib.resources.files(__package__).joinpath("fencecheck.wasm")
     try:
         return resource.read_bytes()
@@ -135,7 +147,23 @@ class Runtime:
 
     ``Runtime()`` loads the component packaged with this module; pass a path
     (or ``component=bytes``) to load another build.
+
+    ``precompiled``: where to look for machine code made for this host by
+    ``python -m fencecheck precompile`` (``scripts/build-component`` puts it
+    in the package): ``True``, the package directory (unless the environment
+    has ``FENCECHECK_PRECOMPILED=0``); a directory; or ``False``, always
+    compile. It is used only for the very component being loaded (SHA-256),
+    the running wasmtime-py and engine settings, and only if its bytes match
+    their recorded SHA-256 (``_precompiled``); otherwise the component is
+    compiled, as without it, with a ``RuntimeWarning`` if artifacts for this
+    component were there but refused.
     """
+
+    loaded_from: str
+    """``"precompiled"`` (deserialized artifacts) or ``"compiled"`` (Cranelift,
+    in this process)."""
+    why_compiled: Optional[str]
+    """Why the artifacts were not used (``None`` when they were)."""
 
     def __init__(
         self,
@@ -143,6 +171,7 @@ class Runtime:
         *,
         component: Optional[bytes] = None,
         limits: Limits = Limits(),
+        precompiled: Union[bool, str, PathLike[str]] = True,
     ) -> None:
         if not _abi.LAYOUT_OK:
             raise ComponentLoadError("wasmtime-py's C structs are not laid out as fencecheck._abi expects")
@@ -152,15 +181,23 @@ class Runtime:
             except OSError as e:
                 raise ComponentLoadError(f"reading the component at {path}: {e}") from None
         self.limits = limits
-        config = wasmtime.Config()
-        config.consume_fuel = True
         try:
-            self._engine = wasmtime.Engine(config)
-            self._component = wc.Component(self._engine, component)
+            self._engine = wasmtime.Engine(_precompiled.engine_config())
         except wasmtime.WasmtimeError as e:
             raise ComponentLoadError(f"loading the fencecheck component: {e}") from None
-        # check-packed's fast transport (see _core); None: the component API only.
-        self._core = _core.core_module(self._engine, component)
+        loaded = _precompiled.load(self._engine, component, precompiled)
+        if isinstance(loaded, _precompiled.Loaded):
+            self.loaded_from, self.why_compiled = "precompiled", None
+            self._component = loaded.component
+            # check-packed's fast transport (see _core); None: the component API only.
+            self._core: Optional[wasmtime.Module] = loaded.core
+        else:
+            self.loaded_from, self.why_compiled = "compiled", loaded
+            try:
+                self._component = wc.Component(self._engine, component)
+            except wasmtime.WasmtimeError as e:
+                raise ComponentLoadError(f"loading the fencecheck component: {e}") from None
+            self._core = _core.core_module(self._engine, component)
         # The component imports nothing: an empty linker refuses any import.
         self._linker = wc.Linker(self._engine)
 
