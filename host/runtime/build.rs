@@ -44,7 +44,10 @@ fn main() -> Result<(), Box<dyn Error>> {
     // The engine configuration and the core-module finder are shared with
     // the runtime: the artifacts must be remade whenever they change.
     for shared in ["src/engine.rs", "src/shape.rs"] {
-        println!("cargo:rerun-if-changed={}", manifest_dir.join(shared).display());
+        println!(
+            "cargo:rerun-if-changed={}",
+            manifest_dir.join(shared).display()
+        );
     }
     println!("cargo:rerun-if-env-changed=CARGO_TARGET_DIR");
 

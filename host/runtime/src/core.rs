@@ -60,12 +60,6 @@ impl CoreModule {
             && func(POST_RETURN, &[I32], &[]);
         shaped.then_some(Self(module))
     }
-
-    /// The compiled module (for precompiling it).
-    #[cfg_attr(not(test), allow(dead_code))]
-    pub(crate) fn module(&self) -> &Module {
-        &self.0
-    }
 }
 
 fn signature(f: &FuncType, params: &[ValType], results: &[ValType]) -> bool {
