@@ -48,15 +48,13 @@ fn names() -> &'static (String, String) {
 // object is staged under this scope. The function decides on the row's
 // current state and raises on anything but applied (the statement then
 // changes nothing); it checks that `version + 1` is the new state's version.
-const PUBLISH_HEAD: &str = "
-UPDATE fencecheck_scopes
-   SET fence_state = ";
-const PUBLISH_TAIL: &str = "(fence_state, version),
-       version = version + 1,
-       visible_object = ?2,
-       published_at_ms = ?3
- WHERE scope = ?1
-   AND EXISTS (SELECT 1 FROM fencecheck_objects WHERE id = ?2 AND scope = ?1)";
+// Single spaces (`\` continuations): rusqlite's statement cache hashes and
+// compares the whole text on every publish.
+const PUBLISH_HEAD: &str = "UPDATE fencecheck_scopes SET fence_state = ";
+const PUBLISH_TAIL: &str = "(fence_state, version), \
+    version = version + 1, visible_object = ?2, published_at_ms = ?3 \
+    WHERE scope = ?1 \
+    AND EXISTS (SELECT 1 FROM fencecheck_objects WHERE id = ?2 AND scope = ?1)";
 
 /// The checker call a statement makes: state in, decision out.
 pub(crate) type Decide<'a> = dyn FnMut(Option<&[u8]>) -> Result<Outcome, fencecheck::Error> + 'a;
