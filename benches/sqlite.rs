@@ -1,23 +1,38 @@
 //! Fenced publish on SQLite against the seed's plain conditional UPDATE, on
-//! one table, each publish in its own `BEGIN IMMEDIATE` transaction.
-//! Reproduce: `cargo bench -p fencecheck-benches --bench sqlite`.
+//! one table. Reproduce: `cargo bench -p fencecheck-benches --bench sqlite`
+//! (`-- none` skips criterion's groups and runs only the interleaved pass).
 //!
 //! Every variant moves the catalog pointer of its own row of
 //! `fencecheck_scopes` (the adapter's table, with the seed's integer
 //! `accepted_fence` column added for the plain UPDATE), and every iteration
-//! presents a new, higher token, so every publish is applied and commits:
+//! presents a new, higher token, so every publish is applied and commits.
+//! Each variant is one write transaction, in one of two shapes:
 //!
-//! - `plain-update`: `UPDATE … WHERE scope = ? AND accepted_fence < ?`;
-//! - `fenced-wasm`: `fencecheck_sqlite::publish` through the component;
+//! - `plain-update`: the seed's `UPDATE … WHERE scope = ? AND accepted_fence
+//!   < ?` inside `BEGIN IMMEDIATE` … `COMMIT` (three statements);
+//! - `plain-autocommit`: the same UPDATE alone, its own transaction (one
+//!   statement);
+//! - `fenced-wasm`: `fencecheck_sqlite::publish` through the component (one
+//!   autocommit statement that checks inside the UPDATE);
 //! - `fenced-native`: the same with the guest compiled natively (isolates
 //!   the cost of running wasm);
-//! - `extension`: the one-statement UPDATE with `fence_check` / `fence_next`
-//!   from the loadable extension, loaded into the same connection.
+//! - `fenced-write-wasm`: `fencecheck_sqlite::fenced_write` with a closure
+//!   that moves the pointer (`BEGIN IMMEDIATE`, read, check, the closure's
+//!   UPDATE, store the state, `COMMIT`);
+//! - `extension-one-call`: the loadable extension's documented statement,
+//!   `fence_next` in SET only (one component call), autocommit;
+//! - `extension-two-call`: the earlier documented form, `fence_check(...) =
+//!   'applied'` in WHERE as well (two component calls), inside `BEGIN
+//!   IMMEDIATE` … `COMMIT` as this bench ran it before.
+//!
+//! Compare like with like: one-statement variants with `plain-autocommit`,
+//! transaction-wrapped ones with `plain-update`. The interleaved pass prints
+//! both ratios for every variant.
 //!
 //! Media: a WAL file with `synchronous=NORMAL`, and `:memory:`.
 //!
 //! After criterion's groups, an interleaved pass per medium prints each
-//! variant's time relative to the plain UPDATE measured in the same rounds
+//! variant's time relative to the plain UPDATEs measured in the same rounds
 //! (see `paired`): on a shared machine the file numbers drift by more than
 //! the difference being measured, and interleaving cancels that drift.
 
@@ -31,7 +46,7 @@ use std::time::{Duration, Instant, UNIX_EPOCH};
 use anyhow::{Context, Result, ensure};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use fencecheck::{Checker, Native, Policy, Request, Runtime, Token};
-use fencecheck_sqlite::{ObjectId, install, publish, stage};
+use fencecheck_sqlite::{Fenced, ObjectId, fenced_write, install, publish, stage};
 use rusqlite::{Connection, TransactionBehavior, params};
 
 const NOW: Duration = Duration::from_secs(1_800_000_000);
@@ -41,13 +56,28 @@ UPDATE fencecheck_scopes
    SET visible_object = ?2, accepted_fence = ?3, published_at_ms = ?4
  WHERE scope = ?1 AND accepted_fence < ?3";
 
-const EXTENSION: &str = "
+/// The extension's documented one-statement publish: one component call,
+/// and any outcome but applied raises.
+const EXTENSION_ONE_CALL: &str = "
+UPDATE fencecheck_scopes
+   SET visible_object = ?2,
+       fence_state = fence_next(fence_state, ?1, ?3, 'strict', NULL, NULL),
+       published_at_ms = ?4
+ WHERE scope = ?1";
+
+/// The earlier form: `fence_check` in WHERE as well, two component calls.
+const EXTENSION_TWO_CALL: &str = "
 UPDATE fencecheck_scopes
    SET visible_object = ?2,
        fence_state = fence_next(fence_state, ?1, ?3, 'strict', NULL, NULL),
        published_at_ms = ?4
  WHERE scope = ?1
    AND fence_check(fence_state, ?1, ?3, 'strict', NULL, NULL) = 'applied'";
+
+/// `fenced-write-wasm`'s mutation: what publish's one statement does, as a
+/// caller's closure would (the adapter stores the state after it).
+const MOVE_POINTER: &str =
+    "UPDATE fencecheck_scopes SET visible_object = ?2, published_at_ms = ?3 WHERE scope = ?1";
 
 /// The extension cargo built beside this bench (a dependency of this
 /// package), or `FENCECHECK_SQLITE_EXT`.
@@ -78,11 +108,14 @@ struct Bench {
     _dir: Option<tempfile::TempDir>,
 }
 
-const SCOPES: [&str; 4] = [
+const SCOPES: [&str; VARIANT_COUNT] = [
     "bench/plain",
+    "bench/plain-autocommit",
     "bench/fenced-wasm",
     "bench/fenced-native",
-    "bench/extension",
+    "bench/fenced-write-wasm",
+    "bench/extension-one-call",
+    "bench/extension-two-call",
 ];
 
 fn open(file: bool) -> Result<Bench> {
@@ -121,29 +154,40 @@ fn open(file: bool) -> Result<Bench> {
     })
 }
 
-/// The four ways to publish, each on its own row with its own token counter.
+/// The ways to publish, each on its own row with its own token counter.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Variant {
     Plain,
+    PlainAutocommit,
     FencedWasm,
     FencedNative,
-    Extension,
+    FencedWriteWasm,
+    ExtensionOneCall,
+    ExtensionTwoCall,
 }
 
-const VARIANTS: [Variant; 4] = [
+const VARIANT_COUNT: usize = 7;
+
+const VARIANTS: [Variant; VARIANT_COUNT] = [
     Variant::Plain,
+    Variant::PlainAutocommit,
     Variant::FencedWasm,
     Variant::FencedNative,
-    Variant::Extension,
+    Variant::FencedWriteWasm,
+    Variant::ExtensionOneCall,
+    Variant::ExtensionTwoCall,
 ];
 
 impl Variant {
     fn name(self) -> &'static str {
         match self {
             Variant::Plain => "plain-update",
+            Variant::PlainAutocommit => "plain-autocommit",
             Variant::FencedWasm => "fenced-wasm",
             Variant::FencedNative => "fenced-native",
-            Variant::Extension => "extension",
+            Variant::FencedWriteWasm => "fenced-write-wasm",
+            Variant::ExtensionOneCall => "extension-one-call",
+            Variant::ExtensionTwoCall => "extension-two-call",
         }
     }
 
@@ -157,7 +201,7 @@ impl Variant {
 struct Publisher {
     bench: Bench,
     guest: fencecheck::Instance,
-    counters: [u64; 4],
+    counters: [u64; VARIANT_COUNT],
     misses: u64,
 }
 
@@ -175,9 +219,34 @@ impl Publisher {
                 PLAIN,
                 params![scope, object.get(), counter as i64, AT_MS],
             ),
-            Variant::Extension => {
+            Variant::PlainAutocommit => autocommit(
+                conn,
+                PLAIN,
+                params![scope, object.get(), counter as i64, AT_MS],
+            ),
+            Variant::ExtensionOneCall => {
                 let token = format!("0.{counter}");
-                statement(conn, EXTENSION, params![scope, object.get(), token, AT_MS])
+                autocommit(
+                    conn,
+                    EXTENSION_ONE_CALL,
+                    params![scope, object.get(), token, AT_MS],
+                )
+            }
+            Variant::ExtensionTwoCall => {
+                let token = format!("0.{counter}");
+                statement(
+                    conn,
+                    EXTENSION_TWO_CALL,
+                    params![scope, object.get(), token, AT_MS],
+                )
+            }
+            Variant::FencedWriteWasm => {
+                let request = Request::new(scope, Token::new(0, 0, counter), Policy::Strict);
+                let moved = fenced_write(conn, &mut self.guest, &request, |tx, _| {
+                    tx.prepare_cached(MOVE_POINTER)?
+                        .execute(params![scope, object.get(), AT_MS])
+                });
+                matches!(moved, Ok(Fenced::Applied { value: 1, .. }))
             }
             Variant::FencedWasm | Variant::FencedNative => {
                 let request = Request::new(scope, Token::new(0, 0, counter), Policy::Strict);
@@ -209,16 +278,33 @@ fn statement(conn: &mut Connection, sql: &str, params: &[&dyn rusqlite::ToSql]) 
     matches!(run(), Ok(1))
 }
 
+/// One statement on its own (autocommit: its own write transaction); true
+/// if it changed exactly one row (and so committed).
+fn autocommit(conn: &mut Connection, sql: &str, params: &[&dyn rusqlite::ToSql]) -> bool {
+    matches!(
+        conn.prepare_cached(sql).and_then(|mut s| s.execute(params)),
+        Ok(1)
+    )
+}
+
+/// One variant's interleaved result: its median per-publish time, and the
+/// medians over rounds of its block's time divided by each plain block's in
+/// the same round.
+#[derive(Clone, Copy, Debug, Default)]
+struct Paired {
+    median: Duration,
+    vs_plain_update: f64,
+    vs_plain_autocommit: f64,
+}
+
 /// Interleaved measurement, for the ratios: rounds of one block per variant
 /// (rotating which goes first), so drift in the machine's load hits every
 /// variant alike. Before each block the WAL is checkpointed, untimed, so no
 /// block pays for a checkpoint (the same cost for every variant, one page
 /// per publish, but its fsync lands in one block at random and swamps the
-/// difference). Returns, per variant, the median over rounds of its block's
-/// per-publish time divided by the plain block's in the same round, and the
-/// median per-publish time.
-fn paired(publisher: &mut Publisher, rounds: usize, block: u32) -> Result<[(f64, Duration); 4]> {
-    let mut times: [Vec<Duration>; 4] = Default::default();
+/// difference).
+fn paired(publisher: &mut Publisher, rounds: usize, block: u32) -> Result<[Paired; VARIANT_COUNT]> {
+    let mut times: [Vec<Duration>; VARIANT_COUNT] = Default::default();
     for round in 0..rounds {
         for k in 0..VARIANTS.len() {
             let variant = VARIANTS[(round + k) % VARIANTS.len()];
@@ -233,20 +319,25 @@ fn paired(publisher: &mut Publisher, rounds: usize, block: u32) -> Result<[(f64,
             times[variant.index()].push(start.elapsed() / block);
         }
     }
-    let median = |mut v: Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
-    let plain = times[Variant::Plain.index()].clone();
-    Ok(times.map(|t| {
-        let ratios = t
+    let median_ratio = |t: &[Duration], base: &[Duration]| {
+        let mut ratios: Vec<f64> = t
             .iter()
-            .zip(&plain)
-            .map(|(v, p)| v.as_secs_f64() / p.as_secs_f64())
+            .zip(base)
+            .map(|(v, b)| v.as_secs_f64() / b.as_secs_f64())
             .collect();
-        let mut sorted = t;
+        ratios.sort_by(f64::total_cmp);
+        ratios[ratios.len() / 2]
+    };
+    let update = times[Variant::Plain.index()].clone();
+    let auto = times[Variant::PlainAutocommit.index()].clone();
+    Ok(times.map(|t| {
+        let mut sorted = t.clone();
         sorted.sort();
-        (median(ratios), sorted[sorted.len() / 2])
+        Paired {
+            median: sorted[sorted.len() / 2],
+            vs_plain_update: median_ratio(&t, &update),
+            vs_plain_autocommit: median_ratio(&t, &auto),
+        }
     }))
 }
 
@@ -255,7 +346,7 @@ fn bench_medium(c: &mut Criterion, runtime: &Runtime, file: bool) -> Result<()> 
     let mut publisher = Publisher {
         bench: open(file)?,
         guest: runtime.instance()?,
-        counters: [1; 4],
+        counters: [1; VARIANT_COUNT],
         misses: 0,
     };
     let mut group = c.benchmark_group(format!("sqlite/{medium}"));
@@ -268,12 +359,18 @@ fn bench_medium(c: &mut Criterion, runtime: &Runtime, file: bool) -> Result<()> 
     let (rounds, block) = (60, 200);
     let medians = paired(&mut publisher, rounds, block)?;
     println!("sqlite/{medium}: interleaved, {rounds} rounds x {block} publishes per variant");
+    println!(
+        "  {:<18} {:>9}  {:>15}  {:>19}",
+        "variant", "median", "x plain-update", "x plain-autocommit"
+    );
     for variant in VARIANTS {
-        let (ratio, t) = medians[variant.index()];
+        let p = medians[variant.index()];
         println!(
-            "  {:<14} {:>8.2} µs  {ratio:.3}x plain",
+            "  {:<18} {:>6.2} µs  {:>15.3}  {:>19.3}",
             variant.name(),
-            t.as_secs_f64() * 1e6
+            p.median.as_secs_f64() * 1e6,
+            p.vs_plain_update,
+            p.vs_plain_autocommit
         );
     }
     ensure!(

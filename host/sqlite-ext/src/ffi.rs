@@ -45,6 +45,9 @@ const SQLITE_DETERMINISTIC: c_int = 0x800;
 /// destructor parameter is declared as `isize` below so that -1 needs no cast
 /// to a function pointer (same size and calling convention as a pointer).
 const SQLITE_TRANSIENT: isize = -1;
+/// `SQLITE_STATIC`: the bytes outlive the statement (`&'static str`), so
+/// SQLite keeps the pointer instead of copying.
+const SQLITE_STATIC: isize = 0;
 
 type Slot = *const c_void;
 type XFunc = unsafe extern "C" fn(*mut Context, c_int, *mut *mut Value);
@@ -345,9 +348,9 @@ unsafe fn dispatch(ctx: *mut Context, argc: c_int, argv: *mut *mut Value, functi
         let shared = unsafe { (api.user_data)(ctx).cast::<Arc<PerConnection>>().as_ref() }
             .ok_or_else(|| SqlError("runtime-error: function called without its state".into()))?;
         // SAFETY: SQLite's arguments for this call.
-        let args = unsafe { read_args(&api, argc, argv) };
+        let (args, count) = unsafe { read_args(&api, argc, argv) }?;
         let mut instance = shared.lock()?;
-        function(&mut *instance, &args)
+        function(&mut *instance, &args[..count])
     }));
     let result = match outcome {
         Ok(result) => result,
@@ -359,20 +362,33 @@ unsafe fn dispatch(ctx: *mut Context, argc: c_int, argv: *mut *mut Value, functi
     unsafe { set_result(&api, ctx, result) }
 }
 
-/// Borrow SQLite's arguments for the duration of one call.
+/// The most arguments any function here takes.
+const MAX_ARGS: usize = 6;
+
+/// Borrow SQLite's arguments for the duration of one call (on the stack: no
+/// allocation per call). More than [`MAX_ARGS`] is refused.
 ///
 /// # Safety
 /// `argv` holds `argc` valid values for this call.
-unsafe fn read_args<'a>(api: &Api, argc: c_int, argv: *mut *mut Value) -> Vec<Arg<'a>> {
+unsafe fn read_args<'a>(
+    api: &Api,
+    argc: c_int,
+    argv: *mut *mut Value,
+) -> Result<([Arg<'a>; MAX_ARGS], usize), SqlError> {
     let count = usize::try_from(argc).unwrap_or(0);
-    let mut args = Vec::with_capacity(count);
-    for i in 0..count {
+    if count > MAX_ARGS {
+        return Err(SqlError(format!(
+            "invalid-argument: at most {MAX_ARGS} arguments, got {count}"
+        )));
+    }
+    let mut args = [Arg::Null; MAX_ARGS];
+    for (i, arg) in args.iter_mut().enumerate().take(count) {
         // SAFETY: `i < argc`; each value stays valid until the call returns,
         // and each is read once (text/blob pointer first, then its length, as
         // SQLite documents).
         unsafe {
             let value = *argv.add(i);
-            args.push(match (api.value_type)(value) {
+            *arg = match (api.value_type)(value) {
                 SQLITE_INTEGER => Arg::Integer((api.value_int64)(value)),
                 SQLITE_FLOAT => Arg::Real,
                 SQLITE_TEXT => Arg::Text(bytes(
@@ -384,10 +400,10 @@ unsafe fn read_args<'a>(api: &Api, argc: c_int, argv: *mut *mut Value) -> Vec<Ar
                     (api.value_bytes)(value),
                 )),
                 _ => Arg::Null,
-            });
+            };
         }
     }
-    args
+    Ok((args, count))
 }
 
 /// # Safety
@@ -403,32 +419,36 @@ unsafe fn bytes<'a>(ptr: *const u8, len: c_int) -> &'a [u8] {
 /// # Safety
 /// `ctx` is the current call's context.
 unsafe fn set_result(api: &Api, ctx: *mut Context, result: Result<Output, SqlError>) {
-    let too_large = || SqlError("too-large: the result does not fit an SQLite value".into());
-    let result = match result {
-        Ok(Output::Text(s)) => c_int::try_from(s.len())
-            .map(|n| (Some(s.into_bytes()), n, true))
-            .map_err(|_| too_large()),
-        Ok(Output::Blob(b)) => c_int::try_from(b.len())
-            .map(|n| (Some(b), n, false))
-            .map_err(|_| too_large()),
-        Ok(Output::Null) => Ok((None, 0, false)),
-        Err(e) => Err(e),
+    let (bytes, text, destructor) = match &result {
+        // SAFETY: `ctx` is this call's context.
+        Ok(Output::Null) => return unsafe { (api.result_null)(ctx) },
+        Ok(Output::Name(name)) => (name.as_bytes(), true, SQLITE_STATIC),
+        Ok(Output::Text(s)) => (s.as_bytes(), true, SQLITE_TRANSIENT),
+        Ok(Output::Blob(b)) => (b.as_slice(), false, SQLITE_TRANSIENT),
+        // SAFETY: as above.
+        Err(e) => return unsafe { set_error(api, ctx, e) },
     };
-    // SAFETY: SQLite copies the bytes (SQLITE_TRANSIENT, or always for errors)
-    // before these calls return; lengths were checked to fit `c_int`.
+    let Ok(n) = c_int::try_from(bytes.len()) else {
+        let too_large = SqlError("too-large: the result does not fit an SQLite value".into());
+        // SAFETY: as above.
+        return unsafe { set_error(api, ctx, &too_large) };
+    };
+    // SAFETY: SQLite copies the bytes before these calls return
+    // (SQLITE_TRANSIENT) or keeps a pointer to a `&'static str`
+    // (SQLITE_STATIC); `n` is their length.
     unsafe {
-        match result {
-            Ok((Some(bytes), n, true)) => {
-                (api.result_text)(ctx, bytes.as_ptr().cast(), n, SQLITE_TRANSIENT)
-            }
-            Ok((Some(bytes), n, false)) => {
-                (api.result_blob)(ctx, bytes.as_ptr().cast(), n, SQLITE_TRANSIENT)
-            }
-            Ok((None, _, _)) => (api.result_null)(ctx),
-            Err(SqlError(message)) => {
-                let n = c_int::try_from(message.len()).unwrap_or(c_int::MAX);
-                (api.result_error)(ctx, message.as_ptr().cast(), n)
-            }
+        if text {
+            (api.result_text)(ctx, bytes.as_ptr().cast(), n, destructor);
+        } else {
+            (api.result_blob)(ctx, bytes.as_ptr().cast(), n, destructor);
         }
     }
+}
+
+/// # Safety
+/// `ctx` is the current call's context.
+unsafe fn set_error(api: &Api, ctx: *mut Context, SqlError(message): &SqlError) {
+    let n = c_int::try_from(message.len()).unwrap_or(c_int::MAX);
+    // SAFETY: SQLite always copies an error message; `n` bounds the read.
+    unsafe { (api.result_error)(ctx, message.as_ptr().cast(), n) }
 }

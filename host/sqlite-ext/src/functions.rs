@@ -29,6 +29,8 @@ impl Arg<'_> {
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Output {
     Null,
+    /// An outcome's name: static, handed to SQLite without a copy.
+    Name(&'static str),
     Text(String),
     Blob(Vec<u8>),
 }
@@ -155,7 +157,7 @@ fn decide(
 /// `fence_check(...)`: the outcome's name as TEXT; errors raise.
 pub(crate) fn fence_check(checker: &mut dyn Checker, args: &[Arg<'_>]) -> Result<Output, SqlError> {
     match decide(checker, args)? {
-        Ok(decision) => Ok(Output::Text(decision.name().to_string())),
+        Ok(decision) => Ok(Output::Name(decision.name())),
         Err(e) => Err(check_error(&e)),
     }
 }
@@ -236,20 +238,67 @@ mod tests {
     fn outcomes_are_named() -> Result<(), SqlError> {
         let state = first_state()?;
         let newer = args(Arg::Blob(&state), t("s"), t("0.42"));
-        assert_eq!(
-            fence_check(&mut Native, &newer)?,
-            Output::Text("applied".into())
-        );
+        assert_eq!(fence_check(&mut Native, &newer)?, Output::Name("applied"));
         let stale = args(Arg::Blob(&state), t("s"), t("0.41"));
         assert_eq!(
             fence_check(&mut Native, &stale)?,
-            Output::Text("stale-fence".into())
+            Output::Name("stale-fence")
         );
         let err = fence_next(&mut Native, &stale).err().map(|e| e.0);
         assert_eq!(
             err.as_deref(),
             Some("stale-fence: token 0.41 is not above the highest accepted 0.41")
         );
+        Ok(())
+    }
+
+    /// fence_next, the one-call form's only function, raises for every
+    /// refused decision with the decision's name first; fence_check names
+    /// the same decision without raising.
+    #[test]
+    fn fence_next_names_every_refusal() -> Result<(), SqlError> {
+        // Token 0.42 applied under allow-equal with op-id op-1.
+        let mut call = [
+            Arg::Null,
+            t("s"),
+            t("0.42"),
+            t("allow-equal"),
+            t("op-1"),
+            Arg::Null,
+        ];
+        let state = match fence_next(&mut Native, &call)? {
+            Output::Blob(b) => b,
+            other => return Err(SqlError(format!("{other:?}"))),
+        };
+        call[0] = Arg::Blob(&state);
+        let cases: [([Arg<'_>; 4], &str, &str); 4] = [
+            (
+                [t("0.41"), t("strict"), Arg::Null, Arg::Null],
+                "stale-fence",
+                "token 0.41 is not above the highest accepted 0.42",
+            ),
+            (
+                [t("0.42"), t("strict"), Arg::Null, Arg::Null],
+                "stale-fence",
+                "token 0.42 is not above the highest accepted 0.42",
+            ),
+            (
+                [t("0.42"), t("allow-equal"), t("op-1"), Arg::Null],
+                "duplicate",
+                "this op-id was already applied (version 1)",
+            ),
+            (
+                [t("0.42"), t("allow-equal"), Arg::Null, Arg::Integer(7)],
+                "version-conflict",
+                "expected version 7, the scope is at 1",
+            ),
+        ];
+        for (rest, name, detail) in cases {
+            call[2..].copy_from_slice(&rest);
+            let got = fence_next(&mut Native, &call).err().map(|e| e.0);
+            assert_eq!(got, Some(format!("{name}: {detail}")));
+            assert_eq!(fence_check(&mut Native, &call)?, Output::Name(name));
+        }
         Ok(())
     }
 

@@ -4,11 +4,13 @@
 //!
 //! # Layout
 //!
-//! - `fence_check(state, scope, token, policy, op_id, expected_version)` →
-//!   `'applied'`, `'duplicate'`, `'stale-fence'` or `'version-conflict'`.
-//! - `fence_next(...same...)` → the new state BLOB when the outcome is
-//!   `applied`; otherwise an SQL error naming the outcome, so an UPDATE can
-//!   never store a state the fence refused.
+//! - `fence_next(state, scope, token, policy, op_id, expected_version)` →
+//!   the new state BLOB when the outcome is `applied`; otherwise an SQL error
+//!   whose message starts with the outcome's name (`stale-fence: …`,
+//!   `duplicate: …`, `version-conflict: …`), so an UPDATE can never store a
+//!   state the fence refused. This is the function a fenced write calls.
+//! - `fence_check(...same...)` → `'applied'`, `'duplicate'`, `'stale-fence'`
+//!   or `'version-conflict'`: asks why not, changes nothing.
 //! - `fence_inspect(state)` → the state as JSON TEXT (NULL for NULL).
 //!
 //! `state` is a BLOB or NULL (no state yet); `scope` TEXT; `token` TEXT in
@@ -26,14 +28,24 @@
 //!
 //! # Example
 //!
+//! The seed's conditional update, fenced, is ONE statement with ONE
+//! component call: `fence_next` in SET reads the row's state, decides, and
+//! either returns the new state or raises, and SQLite aborts a statement
+//! whose function raises, changing nothing.
+//!
 //! ```sql
 //! .load target/release/libfencecheck_sqlite_ext
 //! UPDATE report_catalog
 //!    SET visible_object = :object_key,
 //!        fence_state = fence_next(fence_state, :report_id, :token, 'strict', NULL, NULL)
-//!  WHERE report_id = :report_id
-//!    AND fence_check(fence_state, :report_id, :token, 'strict', NULL, NULL) = 'applied';
+//!  WHERE report_id = :report_id;
+//! -- one row changed: applied. An error `stale-fence: …`, `duplicate: …` or
+//! -- `version-conflict: …`: refused, nothing changed. No row: no state yet,
+//! -- the first write inserts one with fence_next(NULL, …).
 //! ```
+//!
+//! Inside a longer transaction, SQLite undoes only the statement that
+//! raised: roll back the transaction to drop its other writes too.
 
 mod ffi;
 mod functions;

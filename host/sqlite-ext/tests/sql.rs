@@ -49,18 +49,43 @@ fn connect() -> Result<Connection> {
     Ok(conn)
 }
 
+/// The documented one-call statement: `fence_next` in SET only.
 const PUBLISH: &str = "
+UPDATE report_catalog
+   SET visible_object = :object_key,
+       fence_state = fence_next(fence_state, :report_id, :token, 'strict', NULL, NULL)
+ WHERE report_id = :report_id";
+
+/// The earlier form, `fence_check` in WHERE as well: a refusal changes no
+/// row instead of raising.
+const GUARDED: &str = "
 UPDATE report_catalog
    SET visible_object = :object_key,
        fence_state = fence_next(fence_state, :report_id, :token, 'strict', NULL, NULL)
  WHERE report_id = :report_id
    AND fence_check(fence_state, :report_id, :token, 'strict', NULL, NULL) = 'applied'";
 
-fn publish(conn: &Connection, token: &str, object: &str) -> Result<usize> {
-    Ok(conn.execute(
-        PUBLISH,
+fn run(conn: &Connection, sql: &str, token: &str, object: &str) -> rusqlite::Result<usize> {
+    conn.execute(
+        sql,
         rusqlite::named_params! {":object_key": object, ":report_id": "report/july", ":token": token},
-    )?)
+    )
+}
+
+fn publish(conn: &Connection, token: &str, object: &str) -> Result<usize> {
+    Ok(run(conn, PUBLISH, token, object)?)
+}
+
+fn text(s: &str) -> rusqlite::types::Value {
+    rusqlite::types::Value::Text(s.into())
+}
+
+/// The error message of a statement that must fail.
+fn error_of<T: std::fmt::Debug>(result: rusqlite::Result<T>) -> Result<String> {
+    match result {
+        Err(e) => Ok(e.to_string()),
+        Ok(value) => bail!("expected an error, got {value:?}"),
+    }
 }
 
 fn catalog(conn: &Connection) -> Result<Option<(String, Vec<u8>)>> {
@@ -82,18 +107,21 @@ fn first_row(conn: &Connection) -> Result<()> {
     Ok(())
 }
 
-/// The seed's conditional update as one statement: token 42 moves the
-/// pointer, the late token 41 updates no row and leaves B visible.
+/// The seed's conditional update as one statement with one component call:
+/// token 42 moves the pointer; the late token 41, and 42 again under
+/// strict, raise stale-fence and leave B visible.
 #[test]
 fn one_statement_update_fences_the_catalog() -> Result<()> {
     let conn = connect()?;
     first_row(&conn)?;
     ensure!(publish(&conn, "0.42", "reports/july/b9.tmp")? == 1);
-    ensure!(publish(&conn, "0.41", "reports/july/a7.tmp")? == 0);
+    let late = error_of(run(&conn, PUBLISH, "0.41", "reports/july/a7.tmp"))?;
     ensure!(
-        publish(&conn, "0.42", "reports/july/again")? == 0,
-        "strict: a grant publishes once"
+        late == "stale-fence: token 0.41 is not above the highest accepted 0.42",
+        "{late}"
     );
+    let again = error_of(run(&conn, PUBLISH, "0.42", "reports/july/again"))?;
+    ensure!(again.starts_with("stale-fence: "), "strict: {again}");
     let (visible, state) = catalog(&conn)?.context("no row")?;
     ensure!(visible == "reports/july/b9.tmp", "{visible}");
     let json: String = conn.query_row("SELECT fence_inspect(?1)", [&state], |r| r.get(0))?;
@@ -101,6 +129,162 @@ fn one_statement_update_fences_the_catalog() -> Result<()> {
         json.contains("\"counter\":42") && json.contains("\"version\":2"),
         "{json}"
     );
+    // The guarded two-call form still works: a refusal changes no row.
+    ensure!(run(&conn, GUARDED, "0.41", "reports/july/a7.tmp")? == 0);
+    ensure!(run(&conn, GUARDED, "0.43", "reports/july/c1.tmp")? == 1);
+    Ok(())
+}
+
+/// `fence_next`'s arguments after the state: scope, token, policy, op-id,
+/// expected version.
+type OneCall = (
+    &'static str,
+    rusqlite::types::Value,
+    &'static str,
+    Option<&'static str>,
+    Option<i64>,
+);
+
+/// Every refusal of the one-call statement raises an error named by its
+/// outcome or error and changes nothing; afterwards the next token applies
+/// (nothing was consumed).
+#[test]
+fn one_call_refusals_are_named_and_change_nothing() -> Result<()> {
+    let conn = connect()?;
+    conn.execute(
+        "INSERT INTO report_catalog VALUES ('report/july', 'first',
+             fence_next(NULL, 'report/july', '0.42', 'allow-equal', 'op-1', NULL))",
+        [],
+    )?;
+    let before = catalog(&conn)?;
+    let one_call = "UPDATE report_catalog SET visible_object = 'x',
+             fence_state = fence_next(fence_state, ?1, ?2, ?3, ?4, ?5)
+         WHERE report_id = 'report/july'";
+    let cases: Vec<(OneCall, &str)> = vec![
+        (
+            ("report/july", text("0.41"), "strict", None, None),
+            "stale-fence: token 0.41 is not above the highest accepted 0.42",
+        ),
+        (
+            ("report/july", text("0.42"), "strict", None, None),
+            "stale-fence: token 0.42 is not above the highest accepted 0.42",
+        ),
+        (
+            (
+                "report/july",
+                text("0.42"),
+                "allow-equal",
+                Some("op-1"),
+                None,
+            ),
+            "duplicate: this op-id was already applied (version 1)",
+        ),
+        (
+            ("report/july", text("0.42"), "allow-equal", None, Some(7)),
+            "version-conflict: expected version 7, the scope is at 1",
+        ),
+        (
+            ("report/july", text("0.42"), "allow-equal", None, None),
+            "invalid-request: equal-token-unguarded",
+        ),
+        (
+            ("report/july", text("0.43"), "strict", Some(""), None),
+            "invalid-request: empty-op-id",
+        ),
+        (
+            ("report/july", text("0.0"), "strict", None, None),
+            "invalid-request: missing-token",
+        ),
+        (
+            ("report/july", text("0.43 "), "strict", None, None),
+            "invalid-token: invalid token \"0.43 \"",
+        ),
+        (
+            ("report/july", 43i64.into(), "strict", None, None),
+            "invalid-argument: token must be TEXT, got INTEGER",
+        ),
+        (
+            ("report/july", text("0.43"), "STRICT", None, None),
+            "invalid-argument: policy must be 'strict' or 'allow-equal'",
+        ),
+        (
+            ("report/july", text("0.43"), "allow-equal", None, Some(-1)),
+            "invalid-argument: expected_version must not be negative",
+        ),
+        (
+            ("report/july", text("7:0.43"), "strict", None, None),
+            "foreign-authority: the scope is pinned to authority 0, the token is from 7",
+        ),
+        (
+            ("report/june", text("0.43"), "strict", None, None),
+            "scope-mismatch: the state belongs to scope \"report/july\"",
+        ),
+    ];
+    for ((scope, token, policy, op_id, expected), prefix) in cases {
+        let message =
+            error_of(conn.execute(one_call, params![scope, token, policy, op_id, expected]))?;
+        ensure!(message.starts_with(prefix), "{prefix}: {message}");
+        ensure!(conn.changes() == 0, "{prefix}: a row changed");
+        ensure!(catalog(&conn)? == before, "{prefix}: something changed");
+    }
+
+    // A damaged state: corrupt-state, and the damage is left as it is.
+    let (_, mut state) = before.clone().context("no row")?;
+    state[12] ^= 0x10;
+    conn.execute("UPDATE report_catalog SET fence_state = ?1", [&state])?;
+    let damaged = catalog(&conn)?;
+    let message = error_of(conn.execute(
+        one_call,
+        params!["report/july", "0.43", "strict", None::<&str>, None::<i64>],
+    ))?;
+    ensure!(message == "corrupt-state: checksum-mismatch", "{message}");
+    ensure!(catalog(&conn)? == damaged);
+    state[12] ^= 0x10;
+    conn.execute("UPDATE report_catalog SET fence_state = ?1", [&state])?;
+
+    ensure!(
+        conn.execute(
+            one_call,
+            params!["report/july", "0.43", "strict", None::<&str>, None::<i64>]
+        )? == 1
+    );
+    Ok(())
+}
+
+/// A one-call UPDATE over several rows, inside a transaction, where one row
+/// is refused: SQLite undoes the whole statement (also rows changed before
+/// the refusal), and the transaction stays open for the caller to decide.
+#[test]
+fn a_refused_row_undoes_the_whole_statement() -> Result<()> {
+    let mut conn = connect()?;
+    conn.execute_batch(
+        "CREATE TABLE many (scope TEXT PRIMARY KEY, fence_state BLOB NOT NULL);
+         INSERT INTO many VALUES
+             ('a', fence_next(NULL, 'a', '0.5', 'strict', NULL, NULL)),
+             ('b', fence_next(NULL, 'b', '0.9', 'strict', NULL, NULL)),
+             ('c', fence_next(NULL, 'c', '0.5', 'strict', NULL, NULL));",
+    )?;
+    let states = |conn: &Connection| -> Result<Vec<Vec<u8>>> {
+        let mut stmt = conn.prepare("SELECT fence_state FROM many ORDER BY scope")?;
+        let rows = stmt
+            .query_map([], |r| r.get(0))?
+            .collect::<rusqlite::Result<_>>()?;
+        Ok(rows)
+    };
+    let before = states(&conn)?;
+    let tx = conn.transaction()?;
+    let message = error_of(tx.execute(
+        "UPDATE many SET fence_state = fence_next(fence_state, scope, '0.7', 'strict', NULL, NULL)",
+        [],
+    ))?;
+    ensure!(
+        message == "stale-fence: token 0.7 is not above the highest accepted 0.9",
+        "{message}"
+    );
+    ensure!(!tx.is_autocommit(), "the transaction was ended");
+    ensure!(states(&tx)? == before, "row a kept its change");
+    tx.commit()?;
+    ensure!(states(&conn)? == before);
     Ok(())
 }
 
@@ -156,9 +340,8 @@ fn agrees_with_the_native_reference_byte_for_byte() -> Result<()> {
     Ok(())
 }
 
-/// A careless UPDATE that stores fence_next without the fence_check guard
-/// fails on a stale token; a corrupt state fails both functions; either way
-/// the row is unchanged.
+/// An UPDATE without any WHERE fails on a stale token; a corrupt state
+/// fails both functions; either way the row is unchanged.
 #[test]
 fn refused_updates_change_nothing() -> Result<()> {
     let conn = connect()?;

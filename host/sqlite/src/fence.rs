@@ -1,7 +1,7 @@
 //! The fenced transaction: read state → check → mutation → store state, in
 //! one `BEGIN IMMEDIATE` transaction.
 
-use fencecheck::{CheckError, Checker, Decision, Request, Token};
+use fencecheck::{CheckError, Checker, Decision, Outcome, Request, Token};
 use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
 
 use crate::error::sql;
@@ -152,6 +152,26 @@ pub fn stored_state(conn: &Connection, scope: &str) -> Result<Option<Vec<u8>>, E
         .map_err(sql("reading the fence state"))
 }
 
+/// The new version, highest token and state of an `applied` outcome; any
+/// other outcome as the rejection it is.
+pub(crate) fn decision(outcome: Outcome) -> Result<(u64, Token, Vec<u8>), Rejection> {
+    match outcome {
+        Ok(Decision::Applied {
+            version,
+            highest,
+            state,
+        }) => Ok((version, highest, state)),
+        Ok(Decision::Duplicate { version }) => Err(Rejection::Duplicate { version }),
+        Ok(Decision::StaleFence { presented, highest }) => {
+            Err(Rejection::StaleFence { presented, highest })
+        }
+        Ok(Decision::VersionConflict { expected, actual }) => {
+            Err(Rejection::VersionConflict { expected, actual })
+        }
+        Err(e) => Err(Rejection::Refused(e)),
+    }
+}
+
 pub(crate) fn run<C, T, E>(
     conn: &mut Connection,
     checker: &mut C,
@@ -170,29 +190,10 @@ where
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .map_err(sql("beginning the fenced transaction"))?;
     let stored = stored_state(&tx, &request.scope)?;
-    let (version, highest, state) = match checker.check(stored.as_deref(), request)? {
-        Ok(Decision::Applied {
-            version,
-            highest,
-            state,
-        }) => (version, highest, state),
+    let (version, highest, state) = match decision(checker.check(stored.as_deref(), request)?) {
+        Ok(applied) => applied,
         // Dropping `tx` rolls back: a rejection changes nothing.
-        Ok(Decision::Duplicate { version }) => {
-            return Ok(Fenced::Rejected(Rejection::Duplicate { version }));
-        }
-        Ok(Decision::StaleFence { presented, highest }) => {
-            return Ok(Fenced::Rejected(Rejection::StaleFence {
-                presented,
-                highest,
-            }));
-        }
-        Ok(Decision::VersionConflict { expected, actual }) => {
-            return Ok(Fenced::Rejected(Rejection::VersionConflict {
-                expected,
-                actual,
-            }));
-        }
-        Err(e) => return Ok(Fenced::Rejected(Rejection::Refused(e))),
+        Err(rejection) => return Ok(Fenced::Rejected(rejection)),
     };
     let stored_version = i64::try_from(version).map_err(|_| Error::Invalid {
         what: "version",

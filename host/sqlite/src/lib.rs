@@ -2,9 +2,13 @@
 //! the fencecheck component.
 //!
 //! Every write runs "read state → check → mutation → store state" in ONE
-//! `BEGIN IMMEDIATE` transaction; anything but `applied` rolls back and
-//! changes nothing. The decision comes from the same component every other
-//! host loads (a [`fencecheck::Instance`]), or any [`fencecheck::Checker`].
+//! write transaction that takes the lock before the read; anything but
+//! `applied` rolls back and changes nothing. [`fenced_write`] runs it as
+//! `BEGIN IMMEDIATE` … `COMMIT`; [`publish`] to an existing scope as ONE
+//! UPDATE statement that checks inside itself (through an SQL function this
+//! crate registers on the connection). The decision comes from the same
+//! component every other host loads (a [`fencecheck::Instance`]), or any
+//! [`fencecheck::Checker`].
 //!
 //! # Layout
 //!
@@ -57,6 +61,7 @@
 //! # Ok(()) }
 //! ```
 
+mod apply;
 mod error;
 mod fence;
 mod publish;

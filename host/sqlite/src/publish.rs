@@ -10,6 +10,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use fencecheck::{Checker, MAX_SCOPE_BYTES, Request};
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
+use crate::apply::{self, Recorded};
 use crate::error::sql;
 use crate::fence::{Store, run};
 use crate::{Error, Fenced};
@@ -107,13 +108,21 @@ pub fn stage(
     .map_err(sql("staging an object"))
 }
 
-/// Fenced publish: in one `BEGIN IMMEDIATE` transaction, check `request` and,
-/// only on `applied`, point the scope's catalog entry at `object` and store the
-/// new fence state (one statement). The object replaced stays in place for the
-/// collector.
+/// Fenced publish: check `request` and, only on `applied`, point the scope's
+/// catalog entry at `object` and store the new fence state, atomically. The
+/// object replaced stays in place for the collector.
 ///
 /// `object` must be staged under `request.scope`, else [`Error::UnknownObject`]
 /// and nothing changes.
+///
+/// A publish to an existing scope is ONE statement: an UPDATE that runs the
+/// check itself (through a function this crate registers on `conn`), writes
+/// only on `applied`, and, in autocommit mode, is its own write transaction
+/// (SQLite takes the write lock before the statement reads the row). The
+/// first publish of a scope, an object not staged under it, a `conn` already
+/// inside a transaction, or a row that statement does not expect take the
+/// read-then-write path instead, in one `BEGIN IMMEDIATE` transaction. The
+/// outcome is the same either way.
 pub fn publish<C>(
     conn: &mut Connection,
     checker: &mut C,
@@ -125,6 +134,37 @@ where
     C: Checker + ?Sized,
 {
     let at_ms = millis("publication time", now)?;
+    if conn.is_autocommit() {
+        let (changed, recorded) = {
+            let mut decide = |state: Option<&[u8]>| checker.check(state, request);
+            apply::publish_one(conn, &mut decide, &request.scope, object.get(), at_ms)
+        };
+        match (changed, recorded) {
+            // Committed by the statement itself.
+            (Ok(1), Recorded::Applied { version, highest }) => {
+                return Ok(Fenced::Applied {
+                    version,
+                    highest,
+                    value: (),
+                });
+            }
+            // The function raised: the statement changed nothing.
+            (Err(_), Recorded::Rejected(rejection)) => return Ok(Fenced::Rejected(rejection)),
+            (Err(_), Recorded::Failed(e)) => return Err(Error::Check(e)),
+            (_, Recorded::Panicked(payload)) => std::panic::resume_unwind(payload),
+            // No row for the scope yet, or the object is not staged under it
+            // (the check did not run), or a row it would not decide for.
+            (Ok(0), _) | (Err(_), Recorded::Fallback) => {}
+            (Err(e), _) => return Err(sql("publishing the catalog pointer")(e)),
+            // A row changed without this crate's decision: unreachable while
+            // the function's name is private to this process.
+            (Ok(n), _) => {
+                return Err(sql("publishing the catalog pointer")(
+                    rusqlite::Error::StatementChangedRows(n),
+                ));
+            }
+        }
+    }
     run(
         conn,
         checker,

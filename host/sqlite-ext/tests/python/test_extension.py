@@ -24,6 +24,15 @@ UPDATE report_catalog
    AND fence_check(fence_state, :report_id, :token, 'strict', NULL, NULL) = 'applied'
 """
 
+# The documented form: fence_next in SET only, one component call; a
+# refusal raises.
+ONE_CALL = """
+UPDATE report_catalog
+   SET visible_object = :object_key,
+       fence_state = fence_next(fence_state, :report_id, :token, 'strict', NULL, NULL)
+ WHERE report_id = :report_id
+"""
+
 
 def connect(path=":memory:"):
     """A connection with the extension loaded (and loading disabled again)."""
@@ -96,6 +105,18 @@ class Extension(unittest.TestCase):
             " FROM report_catalog"
         ).fetchone()
         self.assertEqual(outcome, "stale-fence")
+
+    def test_one_call_statement_raises_on_refusal(self):
+        """One row for applied; stale-fence raised, nothing changed, for the late token."""
+        params = {"object_key": "reports/july/b9.tmp", "report_id": SCOPE, "token": "0.42"}
+        self.assertEqual(self.conn.execute(ONE_CALL, params).rowcount, 1)
+        before = row(self.conn)
+        self.assertRaisesSql(
+            "stale-fence: token 0.41 is not above the highest accepted 0.42",
+            ONE_CALL,
+            dict(params, object_key="reports/july/a7.tmp", token="0.41"),
+        )
+        self.assertEqual(row(self.conn), before)
 
     def test_fence_next_raises_for_every_refused_outcome(self):
         """An UPDATE without the fence_check guard cannot store a refused state."""

@@ -14,23 +14,32 @@ VALUES ('report/july', 'reports/july/first',
         fence_next(NULL, 'report/july', '0.40', 'strict', NULL, NULL));
 SELECT 'state', hex(fence_state) FROM report_catalog;
 
--- B holds token 42 and publishes: one row changes.
+-- B holds token 42 and publishes with the documented one-call statement:
+-- one row changes.
 UPDATE report_catalog
    SET visible_object = 'reports/july/b9.tmp',
        fence_state = fence_next(fence_state, 'report/july', '0.42', 'strict', NULL, NULL)
- WHERE report_id = 'report/july'
-   AND fence_check(fence_state, 'report/july', '0.42', 'strict', NULL, NULL) = 'applied';
+ WHERE report_id = 'report/july';
 SELECT 'B changed', changes();
 
--- A resumes with token 41: no row changes, B stays visible.
+-- A resumes with token 41: the same statement raises stale-fence (stderr),
+-- no row changes, B stays visible.
+UPDATE report_catalog
+   SET visible_object = 'reports/july/a7.tmp',
+       fence_state = fence_next(fence_state, 'report/july', '0.41', 'strict', NULL, NULL)
+ WHERE report_id = 'report/july';
+SELECT 'A changed', changes();
+SELECT 'visible', visible_object FROM report_catalog;
+SELECT 'A would be', fence_check(fence_state, report_id, '0.41', 'strict', NULL, NULL) FROM report_catalog;
+
+-- The earlier two-call form (fence_check in WHERE) still works: no error,
+-- no row.
 UPDATE report_catalog
    SET visible_object = 'reports/july/a7.tmp',
        fence_state = fence_next(fence_state, 'report/july', '0.41', 'strict', NULL, NULL)
  WHERE report_id = 'report/july'
    AND fence_check(fence_state, 'report/july', '0.41', 'strict', NULL, NULL) = 'applied';
-SELECT 'A changed', changes();
-SELECT 'visible', visible_object FROM report_catalog;
-SELECT 'A would be', fence_check(fence_state, report_id, '0.41', 'strict', NULL, NULL) FROM report_catalog;
+SELECT 'A guarded changed', changes();
 SELECT 'inspect', fence_inspect(fence_state) FROM report_catalog;
 
 -- Each of these fails with a named error and changes nothing.
