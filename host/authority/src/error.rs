@@ -23,6 +23,11 @@ pub enum AuthorityError {
         /// The component's error.
         error: LeaseError,
     },
+    /// The database's coordinator tables are of a layout this version does
+    /// not know (`authority-layout` in `fencecheck_meta`; carries what was
+    /// found). Nothing was created or changed: upgrade this coordinator.
+    #[error("the coordinator's SQLite layout is {0}, this version supports only 1")]
+    UnsupportedLayout(String),
     /// Compare-and-swap lost to concurrent coordinators too many times in a row.
     #[error("gave up after {attempts} conflicting concurrent updates of lock {lock:?}")]
     Contention {

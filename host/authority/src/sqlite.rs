@@ -11,6 +11,20 @@ use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 use crate::rules::{self, Decided, Read};
 use crate::{AcquireOutcome, AuthorityError, Clock, Coordinator, ReleaseOutcome, RenewOutcome};
 
+/// The coordinator's layout number, kept under `authority-layout` in
+/// `fencecheck_meta` (the table the resource layout, `host/sqlite/schema.sql`,
+/// also uses: a coordinator and a resource may share one database file).
+/// Bump it, and make old coordinators fail, when these tables change.
+const LAYOUT: i64 = 1;
+
+// Identical to the definition in host/sqlite/schema.sql, so whichever is
+// created first serves both.
+const META: &str = "
+CREATE TABLE IF NOT EXISTS fencecheck_meta (
+    key   TEXT    NOT NULL PRIMARY KEY,
+    value INTEGER NOT NULL
+) WITHOUT ROWID;";
+
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS fencecheck_authority (
     id          INTEGER PRIMARY KEY CHECK (id = 1),
@@ -83,6 +97,26 @@ impl SqliteCoordinator {
     ) -> Result<Self, AuthorityError> {
         conn.busy_timeout(Duration::from_secs(10))?;
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        tx.execute_batch(META)?;
+        let layout: Option<rusqlite::types::Value> = tx
+            .query_row(
+                "SELECT value FROM fencecheck_meta WHERE key = 'authority-layout'",
+                [],
+                |r| r.get(0),
+            )
+            .optional()?;
+        match layout {
+            // Tables from before the number existed have this layout: adopt them.
+            None => {
+                tx.execute(
+                    "INSERT INTO fencecheck_meta (key, value) VALUES ('authority-layout', ?1)",
+                    [LAYOUT],
+                )?;
+            }
+            Some(rusqlite::types::Value::Integer(LAYOUT)) => {}
+            // Dropping `tx` rolls back: nothing is created.
+            Some(other) => return Err(AuthorityError::UnsupportedLayout(format!("{other:?}"))),
+        }
         tx.execute_batch(SCHEMA)?;
         let existing: Option<i64> = tx
             .query_row("SELECT authority FROM fencecheck_authority", [], |r| {

@@ -292,3 +292,48 @@ fn restore_raises_only_the_floor() -> Result<()> {
     }
     Ok(())
 }
+
+/// The coordinator records its layout number beside the resource layout's
+/// (one `fencecheck_meta` table, one file for both), and refuses a database
+/// whose coordinator layout it does not know, creating nothing.
+#[test]
+fn coordinator_layout_is_recorded_and_checked() -> Result<()> {
+    let dir = TempDir::new("authority-layout")?;
+    let db = dir.join("shared.db");
+    // A resource store and a coordinator in one file.
+    fencecheck_sqlite::install(&rusqlite::Connection::open(&db)?)?;
+    drop(World::on_file(&db)?);
+    let conn = rusqlite::Connection::open(&db)?;
+    let keys: Vec<(String, i64)> = conn
+        .prepare("SELECT key, value FROM fencecheck_meta ORDER BY key")?
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect::<Result<_, _>>()?;
+    ensure!(
+        keys == [
+            ("authority-layout".to_string(), 1),
+            ("layout".to_string(), 1)
+        ],
+        "{keys:?}"
+    );
+    fencecheck_sqlite::install(&conn)?;
+
+    let newer = dir.join("newer.db");
+    let conn = rusqlite::Connection::open(&newer)?;
+    conn.execute_batch(
+        "CREATE TABLE fencecheck_meta (key TEXT NOT NULL PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
+         INSERT INTO fencecheck_meta VALUES ('authority-layout', 2);",
+    )?;
+    match SqliteCoordinator::open(&newer, runtime()?, Arc::new(ManualClock::new(0))) {
+        Err(fencecheck_authority::AuthorityError::UnsupportedLayout(found)) => {
+            ensure!(found.contains('2'), "{found}")
+        }
+        other => bail!("expected UnsupportedLayout, got {other:?}"),
+    }
+    let tables: i64 = conn.query_row(
+        "SELECT count(*) FROM sqlite_master WHERE name LIKE 'fencecheck_%' AND name != 'fencecheck_meta'",
+        [],
+        |r| r.get(0),
+    )?;
+    ensure!(tables == 0, "a refused open created {tables} tables");
+    Ok(())
+}
