@@ -1,0 +1,181 @@
+//! The C entry points PostgreSQL calls, and raising an error with the
+//! extension's own SQLSTATE.
+//!
+//! Why not `#[pg_extern]`: pgrx reports errors only with the SQLSTATEs of
+//! its `PgSqlErrorCode` enum, which has no room for the extension's class
+//! `5F` (`sqlstate.rs`). So each entry point is a V1 C function written
+//! here: the work runs inside pgrx's guard (PostgreSQL errors raised within,
+//! from detoasting or SPI, pass through with their own codes), and a
+//! [`Raise`] it returns is reported from the entry point's own frame, after
+//! every Rust value is dropped, exactly as pgrx reports its own errors.
+#![allow(unsafe_code)]
+
+use std::ffi::{CString, c_char, c_int};
+
+use pgrx::pg_sys;
+use pgrx::IntoDatum;
+
+use crate::calls::{self, Args};
+use crate::protect;
+use crate::sqlstate::{Raise, SqlState};
+
+unsafe extern "C-unwind" {
+    // PostgreSQL's error reporting (elog.h); pgrx keeps them out of its
+    // bindings on purpose, so they are declared here, used only in `raise`.
+    fn errstart(elevel: c_int, domain: *const c_char) -> bool;
+    fn errcode(sqlerrcode: c_int) -> c_int;
+    fn errmsg(fmt: *const c_char, ...) -> c_int;
+    fn errhint(fmt: *const c_char, ...) -> c_int;
+    fn errfinish(filename: *const c_char, lineno: c_int, funcname: *const c_char);
+}
+
+/// The result of one call: a datum, SQL NULL, or a refusal.
+pub(crate) enum Out {
+    Datum(pg_sys::Datum),
+    Null,
+}
+
+/// Report `raise` as an ERROR. Never returns: PostgreSQL longjmps out.
+///
+/// # Safety
+/// Call only from an entry point's outermost frame, with nothing left to
+/// drop on the Rust stack (the strings made here are dropped first).
+unsafe fn raise(raise: Raise) -> ! {
+    let message = CString::new(raise.message.replace('\0', "\\0")).unwrap_or_default();
+    let hint = raise.hint.and_then(|h| CString::new(h).ok());
+    let code = raise.state.packed();
+    drop(raise);
+    // SAFETY: the elog protocol: errstart, the fields (each copies its
+    // formatted text into the error data), errfinish. `%s` keeps the texts
+    // from being read as format strings.
+    unsafe {
+        if errstart(pg_sys::PGERROR as c_int, std::ptr::null()) {
+            errcode(code);
+            errmsg(c"%s".as_ptr(), message.as_ptr());
+            if let Some(hint) = &hint {
+                errhint(c"%s".as_ptr(), hint.as_ptr());
+            }
+        }
+        drop(message);
+        drop(hint);
+        errfinish(c"fencecheck".as_ptr(), 0, std::ptr::null());
+    }
+    // errfinish at ERROR does not return; if it ever did, stop hard rather
+    // than return a value PostgreSQL would take as a result.
+    std::process::abort()
+}
+
+/// Run `work` under pgrx's guard, then hand its datum back or raise.
+///
+/// # Safety
+/// `fcinfo` must be the call info PostgreSQL passed to the entry point.
+unsafe fn entry(
+    fcinfo: pg_sys::FunctionCallInfo,
+    work: fn(pg_sys::FunctionCallInfo) -> Result<Out, Raise>,
+) -> pg_sys::Datum {
+    // SAFETY: called at the top of an extern "C-unwind" entry point, whose
+    // frame holds nothing with a destructor.
+    let result = unsafe { pg_sys::panic::pgrx_extern_c_guard(|| work(fcinfo)) };
+    match result {
+        Ok(Out::Datum(datum)) => datum,
+        // SAFETY: fcinfo is PostgreSQL's.
+        Ok(Out::Null) => unsafe { pgrx::pg_return_null(fcinfo) },
+        // SAFETY: the outermost frame; `result` was moved into `raise`.
+        Err(e) => unsafe { raise(e) },
+    }
+}
+
+/// Argument `n` as bytes (bytea or text), detoasted; `None` for NULL.
+///
+/// # Safety
+/// `fcinfo` must be PostgreSQL's, with at least `n + 1` varlena arguments.
+unsafe fn bytes_arg<'a>(fcinfo: pg_sys::FunctionCallInfo, n: usize) -> Option<&'a [u8]> {
+    // SAFETY: per the caller; the detoasted copy lives in the call's memory
+    // context, which outlives this call.
+    unsafe { pgrx::pg_getarg::<&[u8]>(fcinfo, n) }
+}
+
+/// `(state, scope, token, policy, op_id, expected_version)`.
+fn check_args<'a>(fcinfo: pg_sys::FunctionCallInfo) -> (Option<&'a [u8]>, Args<'a>) {
+    // SAFETY: the SQL declarations (sql/fencecheck.sql) fix the six
+    // argument types: bytea, text, text, text, text, bigint.
+    unsafe {
+        (
+            bytes_arg(fcinfo, 0),
+            Args {
+                scope: bytes_arg(fcinfo, 1),
+                token: bytes_arg(fcinfo, 2),
+                policy: bytes_arg(fcinfo, 3),
+                op_id: bytes_arg(fcinfo, 4),
+                expected_version: pgrx::pg_getarg::<i64>(fcinfo, 5),
+            },
+        )
+    }
+}
+
+fn fence_check(fcinfo: pg_sys::FunctionCallInfo) -> Result<Out, Raise> {
+    let (state, args) = check_args(fcinfo);
+    let decision = calls::decide(state, &args)?;
+    Ok(datum(decision.name().into_datum()))
+}
+
+fn fence_next(fcinfo: pg_sys::FunctionCallInfo) -> Result<Out, Raise> {
+    let (state, args) = check_args(fcinfo);
+    let state = calls::applied(calls::decide(state, &args)?)?;
+    Ok(datum(state.as_slice().into_datum()))
+}
+
+fn fence_inspect(fcinfo: pg_sys::FunctionCallInfo) -> Result<Out, Raise> {
+    // SAFETY: declared (bytea) STRICT: never called with NULL.
+    let Some(state) = (unsafe { bytes_arg(fcinfo, 0) }) else {
+        return Ok(Out::Null);
+    };
+    Ok(datum(pgrx::JsonB(calls::inspect(state)?).into_datum()))
+}
+
+fn datum(d: Option<pg_sys::Datum>) -> Out {
+    d.map_or(Out::Null, Out::Datum)
+}
+
+fn row_trigger(fcinfo: pg_sys::FunctionCallInfo) -> Result<Out, Raise> {
+    // SAFETY: declared RETURNS trigger; `protect` checks it was called as one.
+    unsafe { protect::row_trigger(fcinfo) }.map(Out::Datum)
+}
+
+fn truncate_trigger(_fcinfo: pg_sys::FunctionCallInfo) -> Result<Out, Raise> {
+    Err(Raise::new(
+        SqlState::FenceRequired,
+        "TRUNCATE of a fenced table is refused: delete rows with a token, or fence_unprotect the table first",
+    ))
+}
+
+/// The V1 calling-convention record every entry point declares.
+static V1: pg_sys::Pg_finfo_record = pg_sys::Pg_finfo_record { api_version: 1 };
+
+macro_rules! entry_points {
+    ($($name:ident, $finfo:ident => $work:ident;)*) => {$(
+        #[doc = concat!("PostgreSQL's `", stringify!($name), "` (V1 calling convention).")]
+        ///
+        /// # Safety
+        /// Only PostgreSQL calls this, with a valid `fcinfo`.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C-unwind" fn $name(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
+            // SAFETY: PostgreSQL's fcinfo.
+            unsafe { entry(fcinfo, $work) }
+        }
+
+        #[doc = concat!("The calling convention of `", stringify!($name), "`.")]
+        #[unsafe(no_mangle)]
+        pub extern "C" fn $finfo() -> &'static pg_sys::Pg_finfo_record {
+            &V1
+        }
+    )*};
+}
+
+entry_points! {
+    fencecheck_fence_check, pg_finfo_fencecheck_fence_check => fence_check;
+    fencecheck_fence_next, pg_finfo_fencecheck_fence_next => fence_next;
+    fencecheck_fence_inspect, pg_finfo_fencecheck_fence_inspect => fence_inspect;
+    fencecheck_row_trigger, pg_finfo_fencecheck_row_trigger => row_trigger;
+    fencecheck_truncate_trigger, pg_finfo_fencecheck_truncate_trigger => truncate_trigger;
+}
