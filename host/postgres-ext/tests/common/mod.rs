@@ -1,0 +1,68 @@
+//! Helpers for the extension's tests: a real server with the installed
+//! extension created, and reading SQLSTATEs.
+#![allow(dead_code)]
+
+use anyhow::{Context, Result};
+pub use fencecheck_tests::pgserver::PgServer;
+use postgres::Client;
+
+/// A fresh server whose `postgres` database has `CREATE EXTENSION fencecheck`
+/// (the extension installed by scripts/install-pg-extension).
+pub fn server() -> Result<(PgServer, Client)> {
+    let server = PgServer::start()?;
+    let mut client = server.client()?;
+    client
+        .batch_execute("CREATE EXTENSION fencecheck")
+        .context("CREATE EXTENSION fencecheck (run scripts/install-pg-extension first)")?;
+    Ok((server, client))
+}
+
+/// The SQLSTATE of a failed statement (`None` for success or a non-server
+/// error such as a lost connection).
+pub fn sqlstate<T>(result: &Result<T, postgres::Error>) -> Option<String> {
+    match result {
+        Ok(_) => None,
+        Err(e) => e.code().map(|c| c.code().to_string()),
+    }
+}
+
+/// The server's message of a failed statement.
+pub fn message<T>(result: &Result<T, postgres::Error>) -> String {
+    match result {
+        Ok(_) => String::new(),
+        Err(e) => e
+            .as_db_error()
+            .map(|d| d.message().to_string())
+            .unwrap_or_else(|| e.to_string()),
+    }
+}
+
+/// The seed's report catalog as a fenced table.
+pub const CATALOG: &str = "
+CREATE TABLE report_catalog (
+    report_id      text PRIMARY KEY,
+    visible_object text,
+    fence_token    text,
+    fence_state    bytea
+);";
+
+/// `report_catalog` with `fence_protect` under `policy`.
+pub fn protected_catalog(client: &mut Client, policy: &str) -> Result<()> {
+    client.batch_execute(CATALOG)?;
+    client.execute(
+        "SELECT fence_protect('report_catalog', 'report_id', 'fence_token', 'fence_state', $1)",
+        &[&policy],
+    )?;
+    Ok(())
+}
+
+/// The row of `report_id`: (visible_object, fence_token, version).
+pub fn row(client: &mut Client, report_id: &str) -> Result<Option<(Option<String>, Option<String>, i64)>> {
+    let row = client.query_opt(
+        "SELECT visible_object, fence_token, \
+                coalesce((fence_inspect(fence_state)->>'version')::bigint, 0) \
+           FROM report_catalog WHERE report_id = $1",
+        &[&report_id],
+    )?;
+    Ok(row.map(|r| (r.get(0), r.get(1), r.get(2))))
+}

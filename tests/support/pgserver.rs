@@ -1,0 +1,205 @@
+//! A real PostgreSQL server for a test: `initdb` and `pg_ctl` in a fresh
+//! temporary directory, on a free loopback port, stopped and removed when
+//! dropped. Shared by every PostgreSQL test (the extension's, the client
+//! adapter's).
+//!
+//! initdb refuses to run as root, and CI runs as root: then the server runs
+//! as an unprivileged user (`postgres` if the system has it, else `nobody`)
+//! through `runuser`. Binaries come from `$PG_BINDIR`, else from
+//! `pg_config --bindir` (`$PG_CONFIG`, else `pg_config` on PATH).
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use anyhow::{Context, Result, bail};
+
+/// One server, its data directory, and how to reach it.
+pub struct PgServer {
+    root: PathBuf,
+    bin: PathBuf,
+    run_as: Option<String>,
+    port: u16,
+}
+
+fn bin_dir() -> Result<PathBuf> {
+    if let Some(dir) = std::env::var_os("PG_BINDIR") {
+        return Ok(PathBuf::from(dir));
+    }
+    let pg_config = std::env::var("PG_CONFIG").unwrap_or_else(|_| "pg_config".into());
+    let out = Command::new(&pg_config)
+        .arg("--bindir")
+        .output()
+        .with_context(|| format!("running {pg_config} --bindir (set PG_CONFIG or PG_BINDIR)"))?;
+    if !out.status.success() {
+        bail!("{pg_config} --bindir failed");
+    }
+    Ok(PathBuf::from(String::from_utf8(out.stdout)?.trim()))
+}
+
+fn is_root() -> Result<bool> {
+    let out = Command::new("id").arg("-u").output().context("running id -u")?;
+    Ok(String::from_utf8(out.stdout)?.trim() == "0")
+}
+
+fn user_exists(name: &str) -> bool {
+    Command::new("id")
+        .arg(name)
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+fn free_port() -> Result<u16> {
+    let listener = TcpListener::bind("127.0.0.1:0").context("finding a free loopback port")?;
+    Ok(listener.local_addr()?.port())
+}
+
+impl PgServer {
+    /// initdb a new cluster and start it on a free loopback port.
+    pub fn start() -> Result<Self> {
+        let bin = bin_dir()?;
+        let run_as = if is_root()? {
+            Some(if user_exists("postgres") { "postgres" } else { "nobody" }.to_string())
+        } else {
+            None
+        };
+        let root = std::env::temp_dir().join(format!(
+            "fencecheck-pg-{}-{}",
+            std::process::id(),
+            free_port()?
+        ));
+        std::fs::create_dir_all(&root).with_context(|| format!("creating {}", root.display()))?;
+        let server = PgServer {
+            root,
+            bin,
+            run_as,
+            port: free_port()?,
+        };
+        if let Some(user) = &server.run_as {
+            server.check(Command::new("chown").arg(user).arg(&server.root))?;
+        }
+        server.check(
+            server
+                .command("initdb")
+                .args(["-A", "trust", "-U", "postgres", "-E", "UTF8", "--no-sync", "-D"])
+                .arg(server.data()),
+        )?;
+        server.pg_ctl_start()?;
+        Ok(server)
+    }
+
+    fn data(&self) -> PathBuf {
+        self.root.join("data")
+    }
+
+    /// A command for one of the server's binaries, as the server's user.
+    fn command(&self, program: &str) -> Command {
+        let path = self.bin.join(program);
+        match &self.run_as {
+            Some(user) => {
+                let mut c = Command::new("runuser");
+                c.args(["-u", user, "--"]).arg(path);
+                c
+            }
+            None => Command::new(path),
+        }
+    }
+
+    fn check(&self, command: &mut Command) -> Result<Output> {
+        let out = command
+            .output()
+            .with_context(|| format!("running {command:?}"))?;
+        if !out.status.success() {
+            bail!(
+                "{command:?} failed: {}{}\n--- server log ---\n{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr),
+                self.log()
+            );
+        }
+        Ok(out)
+    }
+
+    /// Start (or restart after a stop) the server and wait until it accepts
+    /// connections. fsync is off: the tests stop the server, they never cut
+    /// the machine's power, and WAL replay after `-m immediate` still runs.
+    pub fn pg_ctl_start(&self) -> Result<()> {
+        let options = format!(
+            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=100",
+            self.port,
+            self.root.display()
+        );
+        self.check(
+            self.command("pg_ctl")
+                .args(["-w", "-t", "60", "-D"])
+                .arg(self.data())
+                .arg("-l")
+                .arg(self.root.join("server.log"))
+                .args(["-o", &options, "start"]),
+        )?;
+        Ok(())
+    }
+
+    /// `pg_ctl stop -m immediate`: every backend is killed, nothing is
+    /// flushed; the next start replays the WAL, as after a crash.
+    pub fn stop_immediate(&self) -> Result<()> {
+        self.check(
+            self.command("pg_ctl")
+                .args(["-w", "-D"])
+                .arg(self.data())
+                .args(["-m", "immediate", "stop"]),
+        )?;
+        Ok(())
+    }
+
+    /// The loopback port the server listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// A libpq connection string for database `postgres`.
+    pub fn url(&self) -> String {
+        format!(
+            "host=127.0.0.1 port={} user=postgres dbname=postgres connect_timeout=10",
+            self.port
+        )
+    }
+
+    /// A new client connection.
+    pub fn client(&self) -> Result<postgres::Client> {
+        postgres::Client::connect(&self.url(), postgres::NoTls)
+            .with_context(|| format!("connecting to {}", self.url()))
+    }
+
+    /// Run `psql` (from the server's binaries) on `sql` with the given
+    /// variables; returns its output, whatever its exit status.
+    pub fn psql(&self, sql: &Path, vars: &[(&str, &str)]) -> Result<Output> {
+        let mut c = Command::new(self.bin.join("psql"));
+        c.args(["-X", "-q", "-h", "127.0.0.1", "-U", "postgres", "-d", "postgres"])
+            .arg("-p")
+            .arg(self.port.to_string())
+            .arg("-f")
+            .arg(sql);
+        for (k, v) in vars {
+            c.arg("-v").arg(format!("{k}={v}"));
+        }
+        c.output().context("running psql")
+    }
+
+    /// The server's log so far (for failure messages).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.root.join("server.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for PgServer {
+    fn drop(&mut self) {
+        let _ = self
+            .command("pg_ctl")
+            .args(["-w", "-D"])
+            .arg(self.data())
+            .args(["-m", "immediate", "stop"])
+            .output();
+        let _ = std::fs::remove_dir_all(&self.root);
+    }
+}
