@@ -171,19 +171,29 @@ impl PgServer {
             .with_context(|| format!("connecting to {}", self.url()))
     }
 
-    /// Run `psql` (from the server's binaries) on `sql` with the given
-    /// variables; returns its output, whatever its exit status.
-    pub fn psql(&self, sql: &Path, vars: &[(&str, &str)]) -> Result<Output> {
-        let mut c = Command::new(self.bin.join("psql"));
-        c.args(["-X", "-q", "-h", "127.0.0.1", "-U", "postgres", "-d", "postgres"])
+    /// Run `psql` (from the server's binaries) on the file `sql`; returns its
+    /// stdout and stderr interleaved as a terminal would show them, whatever
+    /// its exit status.
+    pub fn psql(&self, sql: &Path) -> Result<String> {
+        let out = self.root.join(format!("psql-{}.out", free_port()?));
+        let file = std::fs::File::create(&out)?;
+        let status = Command::new(self.bin.join("psql"))
+            .args(["-X", "-q", "-h", "127.0.0.1", "-U", "postgres", "-d", "postgres"])
             .arg("-p")
             .arg(self.port.to_string())
+            // Run from the file's directory so psql's messages name it
+            // relatively (`psql:name.sql:21: ERROR: …`), the same anywhere.
+            .current_dir(sql.parent().unwrap_or(Path::new(".")))
             .arg("-f")
-            .arg(sql);
-        for (k, v) in vars {
-            c.arg("-v").arg(format!("{k}={v}"));
-        }
-        c.output().context("running psql")
+            .arg(sql.file_name().unwrap_or(sql.as_os_str()))
+            .stdout(file.try_clone()?)
+            .stderr(file)
+            .status()
+            .context("running psql")?;
+        let text = std::fs::read_to_string(&out)?;
+        let _ = std::fs::remove_file(&out);
+        let _ = status;
+        Ok(text)
     }
 
     /// The server's log so far (for failure messages).
