@@ -38,7 +38,10 @@ fn bin_dir() -> Result<PathBuf> {
 }
 
 fn is_root() -> Result<bool> {
-    let out = Command::new("id").arg("-u").output().context("running id -u")?;
+    let out = Command::new("id")
+        .arg("-u")
+        .output()
+        .context("running id -u")?;
     Ok(String::from_utf8(out.stdout)?.trim() == "0")
 }
 
@@ -59,7 +62,14 @@ impl PgServer {
     pub fn start() -> Result<Self> {
         let bin = bin_dir()?;
         let run_as = if is_root()? {
-            Some(if user_exists("postgres") { "postgres" } else { "nobody" }.to_string())
+            Some(
+                if user_exists("postgres") {
+                    "postgres"
+                } else {
+                    "nobody"
+                }
+                .to_string(),
+            )
         } else {
             None
         };
@@ -81,7 +91,16 @@ impl PgServer {
         server.check(
             server
                 .command("initdb")
-                .args(["-A", "trust", "-U", "postgres", "-E", "UTF8", "--no-sync", "-D"])
+                .args([
+                    "-A",
+                    "trust",
+                    "-U",
+                    "postgres",
+                    "-E",
+                    "UTF8",
+                    "--no-sync",
+                    "-D",
+                ])
                 .arg(server.data()),
         )?;
         server.pg_ctl_start()?;
@@ -178,7 +197,16 @@ impl PgServer {
         let out = self.root.join(format!("psql-{}.out", free_port()?));
         let file = std::fs::File::create(&out)?;
         let status = Command::new(self.bin.join("psql"))
-            .args(["-X", "-q", "-h", "127.0.0.1", "-U", "postgres", "-d", "postgres"])
+            .args([
+                "-X",
+                "-q",
+                "-h",
+                "127.0.0.1",
+                "-U",
+                "postgres",
+                "-d",
+                "postgres",
+            ])
             .arg("-p")
             .arg(self.port.to_string())
             // Run from the file's directory so psql's messages name it

@@ -12,8 +12,8 @@
 
 use std::ffi::{CString, c_char, c_int};
 
-use pgrx::pg_sys;
 use pgrx::IntoDatum;
+use pgrx::pg_sys;
 
 use crate::calls::{self, Args};
 use crate::protect;

@@ -256,7 +256,8 @@ pub(crate) unsafe fn row_trigger(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_
     if event.fired_by_delete() {
         let old = data.tg_trigtuple;
         // SAFETY: the deleted row of this relation.
-        let (scope, state) = unsafe { (value(old, desc, cols.scope), value(old, desc, cols.state)) };
+        let (scope, state) =
+            unsafe { (value(old, desc, cols.scope), value(old, desc, cols.state)) };
         let token = setting(c"fencecheck.token").ok_or_else(|| {
             required(
                 "a DELETE from a fenced table must present a token: SET LOCAL fencecheck.token = '…' first",
@@ -273,7 +274,9 @@ pub(crate) unsafe fn row_trigger(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_
 
 /// Runs `f` as the owner of schema `fencecheck` (the extension's owner),
 /// then switches back, also when `f` unwinds.
-fn as_owner<T>(f: impl FnOnce(&mut pgrx::spi::SpiClient<'_>) -> Result<T, Raise>) -> Result<T, Raise> {
+fn as_owner<T>(
+    f: impl FnOnce(&mut pgrx::spi::SpiClient<'_>) -> Result<T, Raise>,
+) -> Result<T, Raise> {
     Spi::connect_mut(|client| {
         let owner = client
             .select(

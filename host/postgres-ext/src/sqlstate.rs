@@ -116,10 +116,9 @@ impl SqlState {
 
     /// PostgreSQL's packed form of [`SqlState::code`] (`MAKE_SQLSTATE`).
     pub(crate) fn packed(self) -> i32 {
-        self.code()
-            .bytes()
-            .enumerate()
-            .fold(0, |acc, (i, c)| acc | ((i32::from(c.wrapping_sub(b'0')) & 0x3F) << (6 * i)))
+        self.code().bytes().enumerate().fold(0, |acc, (i, c)| {
+            acc | ((i32::from(c.wrapping_sub(b'0')) & 0x3F) << (6 * i))
+        })
     }
 
     /// The state for one of the component's check errors.

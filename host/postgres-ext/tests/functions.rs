@@ -28,7 +28,10 @@ fn one_statement_update_applies_then_refuses_stale() -> Result<()> {
         message(&stale)
     );
     let again = db.execute(update, &[&"reports/july/b9-again", &"0.42"]);
-    ensure!(sqlstate(&again).as_deref() == Some("5F001"), "strict: one write per grant");
+    ensure!(
+        sqlstate(&again).as_deref() == Some("5F001"),
+        "strict: one write per grant"
+    );
     let row = db.query_one(
         "SELECT visible_object, (fence_inspect(fence_state)->>'version')::int FROM report_catalog",
         &[],
@@ -43,9 +46,14 @@ fn one_statement_update_applies_then_refuses_stale() -> Result<()> {
 fn every_outcome_is_named_and_coded() -> Result<()> {
     let (_server, mut db) = server()?;
     let first: Vec<u8> = db
-        .query_one("SELECT fence_next(NULL, 's', '0.42', 'allow-equal', 'op-1', NULL)", &[])?
+        .query_one(
+            "SELECT fence_next(NULL, 's', '0.42', 'allow-equal', 'op-1', NULL)",
+            &[],
+        )?
         .get(0);
-    let cases: [(&str, Option<&str>, Option<i64>, &str, &str); 5] = [
+    // (token, op_id, expected_version, decision, SQLSTATE of fence_next)
+    type Case<'a> = (&'a str, Option<&'a str>, Option<i64>, &'a str, &'a str);
+    let cases: [Case<'_>; 5] = [
         ("0.43", None, None, "applied", ""),
         ("0.41", None, None, "stale-fence", "5F001"),
         ("0.42", Some("op-1"), None, "duplicate", "5F003"),
@@ -81,27 +89,101 @@ fn bad_inputs_raise_named_errors_and_change_nothing() -> Result<()> {
     )?;
     let long_scope = "x".repeat(2048);
     let cases: Vec<(String, &str, &str)> = vec![
-        ("fence_next(fence_state, id, 'garbage', 'strict', NULL, NULL)".into(), "5F004", "invalid-token"),
-        ("fence_next(fence_state, id, '-1.2', 'strict', NULL, NULL)".into(), "5F004", "invalid-token"),
-        ("fence_next(fence_state, id, '0.0', 'strict', NULL, NULL)".into(), "5F005", "invalid-request: missing-token"),
-        (format!("fence_next(NULL, '{long_scope}', '0.43', 'strict', NULL, NULL)"), "5F005", "invalid-request: scope-too-long"),
-        ("fence_next(fence_state, '', '0.43', 'strict', NULL, NULL)".into(), "5F005", "invalid-request: empty-scope"),
-        ("fence_next('\\x00ff'::bytea, id, '0.43', 'strict', NULL, NULL)".into(), "5F006", "corrupt-state"),
-        ("fence_next(fence_state || '\\x00'::bytea, id, '0.43', 'strict', NULL, NULL)".into(), "5F006", "corrupt-state"),
-        ("fence_next(fence_state, 'other', '0.43', 'strict', NULL, NULL)".into(), "5F008", "scope-mismatch"),
-        ("fence_next(fence_state, id, '7:0.43', 'strict', NULL, NULL)".into(), "5F009", "foreign-authority"),
-        ("fence_next(fence_state, id, NULL, 'strict', NULL, NULL)".into(), "5F012", "invalid-argument: token must be TEXT, got NULL"),
-        ("fence_next(fence_state, NULL, '0.43', 'strict', NULL, NULL)".into(), "5F012", "invalid-argument: scope must be TEXT, got NULL"),
-        ("fence_next(fence_state, id, '0.43', NULL, NULL, NULL)".into(), "5F012", "invalid-argument: policy must be TEXT, got NULL"),
-        ("fence_next(fence_state, id, '0.43', 'lenient', NULL, NULL)".into(), "5F012", "invalid-argument: policy must be"),
-        ("fence_next(fence_state, id, '0.43', 'strict', NULL, -1)".into(), "5F012", "invalid-argument: expected_version must not be negative"),
-        ("fence_next(fence_state, id, '0.43', 'strict', '', NULL)".into(), "5F005", "invalid-request: empty-op-id"),
-        ("fence_next(fence_state, id, '0.42', 'allow-equal', NULL, NULL)".into(), "5F005", "invalid-request: equal-token-unguarded"),
+        (
+            "fence_next(fence_state, id, 'garbage', 'strict', NULL, NULL)".into(),
+            "5F004",
+            "invalid-token",
+        ),
+        (
+            "fence_next(fence_state, id, '-1.2', 'strict', NULL, NULL)".into(),
+            "5F004",
+            "invalid-token",
+        ),
+        (
+            "fence_next(fence_state, id, '0.0', 'strict', NULL, NULL)".into(),
+            "5F005",
+            "invalid-request: missing-token",
+        ),
+        (
+            format!("fence_next(NULL, '{long_scope}', '0.43', 'strict', NULL, NULL)"),
+            "5F005",
+            "invalid-request: scope-too-long",
+        ),
+        (
+            "fence_next(fence_state, '', '0.43', 'strict', NULL, NULL)".into(),
+            "5F005",
+            "invalid-request: empty-scope",
+        ),
+        (
+            "fence_next('\\x00ff'::bytea, id, '0.43', 'strict', NULL, NULL)".into(),
+            "5F006",
+            "corrupt-state",
+        ),
+        (
+            "fence_next(fence_state || '\\x00'::bytea, id, '0.43', 'strict', NULL, NULL)".into(),
+            "5F006",
+            "corrupt-state",
+        ),
+        (
+            "fence_next(fence_state, 'other', '0.43', 'strict', NULL, NULL)".into(),
+            "5F008",
+            "scope-mismatch",
+        ),
+        (
+            "fence_next(fence_state, id, '7:0.43', 'strict', NULL, NULL)".into(),
+            "5F009",
+            "foreign-authority",
+        ),
+        (
+            "fence_next(fence_state, id, NULL, 'strict', NULL, NULL)".into(),
+            "5F012",
+            "invalid-argument: token must be TEXT, got NULL",
+        ),
+        (
+            "fence_next(fence_state, NULL, '0.43', 'strict', NULL, NULL)".into(),
+            "5F012",
+            "invalid-argument: scope must be TEXT, got NULL",
+        ),
+        (
+            "fence_next(fence_state, id, '0.43', NULL, NULL, NULL)".into(),
+            "5F012",
+            "invalid-argument: policy must be TEXT, got NULL",
+        ),
+        (
+            "fence_next(fence_state, id, '0.43', 'lenient', NULL, NULL)".into(),
+            "5F012",
+            "invalid-argument: policy must be",
+        ),
+        (
+            "fence_next(fence_state, id, '0.43', 'strict', NULL, -1)".into(),
+            "5F012",
+            "invalid-argument: expected_version must not be negative",
+        ),
+        (
+            "fence_next(fence_state, id, '0.43', 'strict', '', NULL)".into(),
+            "5F005",
+            "invalid-request: empty-op-id",
+        ),
+        (
+            "fence_next(fence_state, id, '0.42', 'allow-equal', NULL, NULL)".into(),
+            "5F005",
+            "invalid-request: equal-token-unguarded",
+        ),
     ];
     for (call, code, prefix) in &cases {
-        let result = db.execute(&format!("UPDATE t SET body = 'after', fence_state = {call}"), &[]);
-        ensure!(sqlstate(&result).as_deref() == Some(*code), "{call}: {result:?}");
-        ensure!(message(&result).starts_with(prefix), "{call}: {}", message(&result));
+        let result = db.execute(
+            &format!("UPDATE t SET body = 'after', fence_state = {call}"),
+            &[],
+        );
+        ensure!(
+            sqlstate(&result).as_deref() == Some(*code),
+            "{call}: {result:?}"
+        );
+        ensure!(
+            message(&result).starts_with(prefix),
+            "{call}: {}",
+            message(&result)
+        );
     }
     // Wrong types are PostgreSQL's own refusal, before any call.
     let wrong = db.execute("UPDATE t SET fence_state = fence_next(42, id, '0.43')", &[]);
@@ -137,7 +219,10 @@ fn inspect_shapes() -> Result<()> {
     ensure!(row.get::<_, bool>(1));
     ensure!(row.get::<_, String>(2) == "applied");
     let damaged = db.query_one("SELECT fence_inspect('\\x01'::bytea)", &[]);
-    ensure!(sqlstate(&damaged).as_deref() == Some("5F006"), "{damaged:?}");
+    ensure!(
+        sqlstate(&damaged).as_deref() == Some("5F006"),
+        "{damaged:?}"
+    );
     Ok(())
 }
 

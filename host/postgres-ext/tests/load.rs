@@ -57,7 +57,9 @@ fn attempt(db: &mut postgres::Client, a: &Attempt) -> Seen {
                     set_config('fencecheck.expected_version', $2, true)",
             &[
                 &a.op_id.clone().unwrap_or_default(),
-                &a.expected_version.map(|v| v.to_string()).unwrap_or_default(),
+                &a.expected_version
+                    .map(|v| v.to_string())
+                    .unwrap_or_default(),
             ],
         )?;
         let version: i64 = tx
@@ -141,8 +143,13 @@ fn concurrent_writers_across_a_crash_keep_the_fence() -> Result<()> {
     let url = server.url();
     let mut workers = Vec::new();
     for c in 0..CLIENTS {
-        let (issued, history, done, half_tx, url) =
-            (issued.clone(), history.clone(), done.clone(), half_tx.clone(), url.clone());
+        let (issued, history, done, half_tx, url) = (
+            issued.clone(),
+            history.clone(),
+            done.clone(),
+            half_tx.clone(),
+            url.clone(),
+        );
         workers.push(thread::spawn(move || -> Result<()> {
             let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ (c as u64 + 1));
             let mut db = connect(&url)?;
@@ -155,22 +162,31 @@ fn concurrent_writers_across_a_crash_keep_the_fence() -> Result<()> {
                 match rng.next(4) {
                     // Current: a newly issued token, above every earlier one.
                     0 => batch.push(Attempt {
-                        scope, token: fresh(), op_id: Some(payload.clone()),
-                        expected_version: None, payload, seen: Seen::Unknown,
+                        scope,
+                        token: fresh(),
+                        op_id: Some(payload.clone()),
+                        expected_version: None,
+                        payload,
+                        seen: Seen::Unknown,
                     }),
                     // Stale: an older token (delayed or paused writer).
                     1 => {
                         let now = issued[scope].load(Ordering::SeqCst);
                         batch.push(Attempt {
-                            scope, token: now.saturating_sub(1 + rng.next(3)).max(1),
-                            op_id: Some(payload.clone()), expected_version: None,
-                            payload, seen: Seen::Unknown,
+                            scope,
+                            token: now.saturating_sub(1 + rng.next(3)).max(1),
+                            op_id: Some(payload.clone()),
+                            expected_version: None,
+                            payload,
+                            seen: Seen::Unknown,
                         });
                     }
                     // Duplicate: resend an earlier write of this client.
                     2 => match mine.iter().rev().find(|a| a.scope == scope) {
                         Some(prev) => batch.push(Attempt {
-                            payload: format!("{payload}-dup"), seen: Seen::Unknown, ..prev.clone()
+                            payload: format!("{payload}-dup"),
+                            seen: Seen::Unknown,
+                            ..prev.clone()
                         }),
                         None => continue,
                     },
@@ -188,8 +204,12 @@ fn concurrent_writers_across_a_crash_keep_the_fence() -> Result<()> {
                             .unwrap_or(0);
                         for (k, expected) in [(2, v + 1), (1, v)] {
                             batch.push(Attempt {
-                                scope, token, op_id: None, expected_version: Some(expected),
-                                payload: format!("{payload}-w{k}"), seen: Seen::Unknown,
+                                scope,
+                                token,
+                                op_id: None,
+                                expected_version: Some(expected),
+                                payload: format!("{payload}-w{k}"),
+                                seen: Seen::Unknown,
                             });
                         }
                     }
@@ -205,7 +225,10 @@ fn concurrent_writers_across_a_crash_keep_the_fence() -> Result<()> {
                     let _ = half_tx.send(());
                 }
             }
-            history.lock().map_err(|_| anyhow::anyhow!("poisoned"))?.extend(mine);
+            history
+                .lock()
+                .map_err(|_| anyhow::anyhow!("poisoned"))?
+                .extend(mine);
             Ok(())
         }));
     }
@@ -215,11 +238,15 @@ fn concurrent_writers_across_a_crash_keep_the_fence() -> Result<()> {
     server.stop_immediate()?;
     server.pg_ctl_start()?;
     for w in workers {
-        w.join().map_err(|_| anyhow::anyhow!("a client panicked"))??;
+        w.join()
+            .map_err(|_| anyhow::anyhow!("a client panicked"))??;
     }
 
     let mut db = connect(&server.url())?;
-    let history = history.lock().map_err(|_| anyhow::anyhow!("poisoned"))?.clone();
+    let history = history
+        .lock()
+        .map_err(|_| anyhow::anyhow!("poisoned"))?
+        .clone();
     check(&mut db, &history, &server)
 }
 
@@ -245,7 +272,10 @@ fn check(db: &mut postgres::Client, history: &[Attempt], server: &PgServer) -> R
         counts(|s| matches!(s, Seen::Refused(_))),
         counts(|s| matches!(s, Seen::Unknown)),
     );
-    ensure!(applied > 100 && refused > 100, "a load with both outcomes: {applied} applied, {refused} refused");
+    ensure!(
+        applied > 100 && refused > 100,
+        "a load with both outcomes: {applied} applied, {refused} refused"
+    );
     eprintln!("history: {applied} applied, {refused} refused, {unknown} unknown (crash)");
 
     for s in 0..SCOPES {
@@ -260,10 +290,18 @@ fn check(db: &mut postgres::Client, history: &[Attempt], server: &PgServer) -> R
         // Applied tokens never decrease; an equal token only with a guard.
         let mut previous = 0;
         for (version, (payload, token)) in log {
-            ensure!(*token >= previous, "{scope} v{version}: token {token} after {previous}");
+            ensure!(
+                *token >= previous,
+                "{scope} v{version}: token {token} after {previous}"
+            );
             if *token == previous {
-                let a = by_payload.get(payload.as_str()).context("audited attempt")?;
-                ensure!(a.op_id.is_some() || a.expected_version.is_some(), "{scope}: unguarded equal {payload}");
+                let a = by_payload
+                    .get(payload.as_str())
+                    .context("audited attempt")?;
+                ensure!(
+                    a.op_id.is_some() || a.expected_version.is_some(),
+                    "{scope}: unguarded equal {payload}"
+                );
             }
             previous = *token;
         }
@@ -291,7 +329,10 @@ fn check(db: &mut postgres::Client, history: &[Attempt], server: &PgServer) -> R
             ),
             Seen::Refused(code) => {
                 ensure!(logged.is_none(), "refused write left a trace: {a:?}");
-                ensure!(["5F001", "5F002", "5F003"].contains(&code.as_str()), "unexpected refusal {a:?}");
+                ensure!(
+                    ["5F001", "5F002", "5F003"].contains(&code.as_str()),
+                    "unexpected refusal {a:?}"
+                );
             }
             Seen::Unknown => {}
         }

@@ -55,7 +55,10 @@ fn paused_owner_is_fenced_by_the_table() -> Result<()> {
         Client::new(
             c.clone(),
             Arc::new(ManualClock::new(0)),
-            DriftBound { ppm: 0, margin_ms: 0 },
+            DriftBound {
+                ppm: 0,
+                margin_ms: 0,
+            },
         )
     };
 
@@ -94,7 +97,10 @@ fn paused_owner_is_fenced_by_the_table() -> Result<()> {
     let (a_state, a_still_held) = writer_a
         .join()
         .map_err(|_| anyhow::anyhow!("writer A panicked"))??;
-    ensure!(a_state.as_deref() == Some("5F001"), "A must be stale: {a_state:?}");
+    ensure!(
+        a_state.as_deref() == Some("5F001"),
+        "A must be stale: {a_state:?}"
+    );
     ensure!(!a_still_held, "A's lease expired at the coordinator");
     let (object, token, version) = row(&mut db, JULY)?.context("the report row")?;
     ensure!(object.as_deref() == Some("reports/july/b9") && token == Some(token_b) && version == 2);
@@ -114,6 +120,9 @@ fn paused_writer_in_plain_sql_through_psql() -> Result<()> {
         std::fs::write(dir.join("paused_writer.out"), &got)?;
     }
     let want = std::fs::read_to_string(dir.join("paused_writer.out"))?;
-    ensure!(got == want, "psql output differs:\n--- got ---\n{got}\n--- want ---\n{want}");
+    ensure!(
+        got == want,
+        "psql output differs:\n--- got ---\n{got}\n--- want ---\n{want}"
+    );
     Ok(())
 }

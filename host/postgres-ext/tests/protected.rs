@@ -56,13 +56,20 @@ fn update_without_a_token_is_refused() -> Result<()> {
     insert(&mut db, "0.42", "reports/july/b9")?;
     let bare = db.execute("UPDATE report_catalog SET visible_object = 'x'", &[]);
     ensure!(sqlstate(&bare).as_deref() == Some("5F011"), "{bare:?}");
-    ensure!(message(&bare).contains("must SET fence_token"), "{}", message(&bare));
+    ensure!(
+        message(&bare).contains("must SET fence_token"),
+        "{}",
+        message(&bare)
+    );
     let same = db.execute(
         "UPDATE report_catalog SET visible_object = 'x', fence_token = fence_token",
         &[],
     );
     ensure!(sqlstate(&same).as_deref() == Some("5F001"), "{same:?}");
-    let null = db.execute("UPDATE report_catalog SET visible_object = 'x', fence_token = NULL", &[]);
+    let null = db.execute(
+        "UPDATE report_catalog SET visible_object = 'x', fence_token = NULL",
+        &[],
+    );
     ensure!(sqlstate(&null).as_deref() == Some("5F011"), "{null:?}");
     ensure!(row(&mut db, JULY)? == Some((Some("reports/july/b9".into()), Some("0.42".into()), 1)));
     Ok(())
@@ -109,15 +116,25 @@ fn state_scope_and_truncate_paths_are_refused() -> Result<()> {
         ),
         (
             "insert without token",
-            db.execute("INSERT INTO report_catalog (report_id, visible_object) VALUES ('report/may', 'x')", &[]),
+            db.execute(
+                "INSERT INTO report_catalog (report_id, visible_object) VALUES ('report/may', 'x')",
+                &[],
+            ),
         ),
         ("truncate", db.execute("TRUNCATE report_catalog", &[])),
     ];
     for (what, result) in &cases {
-        ensure!(sqlstate(result).as_deref() == Some("5F011"), "{what}: {result:?}");
+        ensure!(
+            sqlstate(result).as_deref() == Some("5F011"),
+            "{what}: {result:?}"
+        );
     }
     ensure!(row(&mut db, JULY)? == Some((Some("reports/july/b9".into()), Some("0.42".into()), 1)));
-    ensure!(db.query_one("SELECT count(*) FROM report_catalog", &[])?.get::<_, i64>(0) == 1);
+    ensure!(
+        db.query_one("SELECT count(*) FROM report_catalog", &[])?
+            .get::<_, i64>(0)
+            == 1
+    );
     Ok(())
 }
 
@@ -138,7 +155,10 @@ fn delete_keeps_the_mark_in_a_tombstone() -> Result<()> {
     ensure!(delete(&mut db, "0.43")? == 1);
     ensure!(row(&mut db, JULY)?.is_none());
     let resurrect = insert(&mut db, "0.42", "reports/july/a7");
-    ensure!(sqlstate(&resurrect).as_deref() == Some("5F001"), "{resurrect:?}");
+    ensure!(
+        sqlstate(&resurrect).as_deref() == Some("5F001"),
+        "{resurrect:?}"
+    );
     ensure!(row(&mut db, JULY)?.is_none());
     // The operator cannot erase the mark from an ordinary role either.
     db.batch_execute("CREATE ROLE writer; GRANT ALL ON report_catalog TO writer")?;
@@ -164,7 +184,10 @@ fn allow_equal_needs_a_guard() -> Result<()> {
     protected_catalog(&mut db, "allow-equal")?;
     insert(&mut db, "0.42", "v1")?;
     let unguarded = update(&mut db, "0.42", "v2");
-    ensure!(sqlstate(&unguarded).as_deref() == Some("5F005"), "{unguarded:?}");
+    ensure!(
+        sqlstate(&unguarded).as_deref() == Some("5F005"),
+        "{unguarded:?}"
+    );
     let guarded = |db: &mut Client, op: &str, version: &str, object: &str| {
         let mut tx = db.transaction()?;
         tx.execute("SELECT set_config('fencecheck.op_id', $1, true)", &[&op])?;
@@ -184,7 +207,10 @@ fn allow_equal_needs_a_guard() -> Result<()> {
     ensure!(sqlstate(&repeat).as_deref() == Some("5F003"), "{repeat:?}");
     ensure!(guarded(&mut db, "", "2", "v3")? == 1);
     let reordered = guarded(&mut db, "", "2", "v3-late");
-    ensure!(sqlstate(&reordered).as_deref() == Some("5F002"), "{reordered:?}");
+    ensure!(
+        sqlstate(&reordered).as_deref() == Some("5F002"),
+        "{reordered:?}"
+    );
     let older = update(&mut db, "0.41", "old");
     ensure!(sqlstate(&older).as_deref() == Some("5F001"), "{older:?}");
     ensure!(row(&mut db, JULY)? == Some((Some("v3".into()), Some("0.42".into()), 3)));
@@ -202,15 +228,34 @@ fn protect_validates_and_unprotect_removes() -> Result<()> {
          CREATE TABLE typed (scope text PRIMARY KEY, token int, state bytea);",
     )?;
     let cases = [
-        ("SELECT fence_protect('loose', 'scope', 'token', 'state')", "needs a primary key or unique index"),
-        ("SELECT fence_protect('typed', 'scope', 'token', 'state')", "must be text or varchar"),
-        ("SELECT fence_protect('typed', 'scope', 'nope', 'state')", "has no column"),
-        ("SELECT fence_protect('typed', 'scope', 'scope', 'state')", "three different columns"),
+        (
+            "SELECT fence_protect('loose', 'scope', 'token', 'state')",
+            "needs a primary key or unique index",
+        ),
+        (
+            "SELECT fence_protect('typed', 'scope', 'token', 'state')",
+            "must be text or varchar",
+        ),
+        (
+            "SELECT fence_protect('typed', 'scope', 'nope', 'state')",
+            "has no column",
+        ),
+        (
+            "SELECT fence_protect('typed', 'scope', 'scope', 'state')",
+            "three different columns",
+        ),
     ];
     for (sql, words) in cases {
         let result = db.execute(sql, &[]);
-        ensure!(sqlstate(&result).as_deref() == Some("5F012"), "{sql}: {result:?}");
-        ensure!(message(&result).contains(words), "{sql}: {}", message(&result));
+        ensure!(
+            sqlstate(&result).as_deref() == Some("5F012"),
+            "{sql}: {result:?}"
+        );
+        ensure!(
+            message(&result).contains(words),
+            "{sql}: {}",
+            message(&result)
+        );
     }
     protected_catalog(&mut db, "strict")?;
     let policy = db.execute(
@@ -219,7 +264,10 @@ fn protect_validates_and_unprotect_removes() -> Result<()> {
     );
     ensure!(sqlstate(&policy).as_deref() == Some("5F012"), "{policy:?}");
     insert(&mut db, "0.42", "b9")?;
-    ensure!(sqlstate(&db.execute("UPDATE report_catalog SET visible_object = 'x'", &[])).as_deref() == Some("5F011"));
+    ensure!(
+        sqlstate(&db.execute("UPDATE report_catalog SET visible_object = 'x'", &[])).as_deref()
+            == Some("5F011")
+    );
     db.execute("SELECT fence_unprotect('report_catalog')", &[])?;
     ensure!(db.execute("UPDATE report_catalog SET visible_object = 'x'", &[])? == 1);
     ensure!(db.execute("TRUNCATE report_catalog", &[]).is_ok());
@@ -242,15 +290,21 @@ fn insert_racing_a_delete_sees_the_tombstone() -> Result<()> {
         let mut deleter = server.client()?;
         let mut inserter = server.client()?;
         let mut tx = deleter.transaction()?;
-        tx.execute("SELECT set_config('fencecheck.token', $1, true)", &[&delete_token])?;
+        tx.execute(
+            "SELECT set_config('fencecheck.token', $1, true)",
+            &[&delete_token],
+        )?;
         ensure!(tx.execute("DELETE FROM report_catalog", &[])? == 1);
         // The inserter starts (its snapshot, under REPEATABLE READ, is taken
         // now) and blocks on the tombstone slot the deleter holds.
         let handle = std::thread::spawn(move || {
-            let mut t = inserter.build_transaction().isolation_level(match isolation {
-                "READ COMMITTED" => postgres::IsolationLevel::ReadCommitted,
-                _ => postgres::IsolationLevel::RepeatableRead,
-            }).start()?;
+            let mut t = inserter
+                .build_transaction()
+                .isolation_level(match isolation {
+                    "READ COMMITTED" => postgres::IsolationLevel::ReadCommitted,
+                    _ => postgres::IsolationLevel::RepeatableRead,
+                })
+                .start()?;
             t.query_one("SELECT 1", &[])?;
             let r = t.execute(
                 "INSERT INTO report_catalog (report_id, visible_object, fence_token) VALUES ('report/july', 'a7', $1)",

@@ -56,8 +56,11 @@ pub fn protected_catalog(client: &mut Client, policy: &str) -> Result<()> {
     Ok(())
 }
 
-/// The row of `report_id`: (visible_object, fence_token, version).
-pub fn row(client: &mut Client, report_id: &str) -> Result<Option<(Option<String>, Option<String>, i64)>> {
+/// A catalog row: (visible_object, fence_token, version of its state).
+pub type Row = (Option<String>, Option<String>, i64);
+
+/// The row of `report_id`.
+pub fn row(client: &mut Client, report_id: &str) -> Result<Option<Row>> {
     let row = client.query_opt(
         "SELECT visible_object, fence_token, \
                 coalesce((fence_inspect(fence_state)->>'version')::bigint, 0) \
