@@ -129,6 +129,22 @@ fn state_scope_and_truncate_paths_are_refused() -> Result<()> {
             "{what}: {result:?}"
         );
     }
+    // Bad input through the trigger: named errors, nothing changed.
+    let long = "x".repeat(2048);
+    let bad: Vec<(&str, Result<u64, postgres::Error>)> = vec![
+        ("5F004", update(&mut db, "garbage", "x")),
+        ("5F004", update(&mut db, "", "x")),
+        (
+            "5F005",
+            db.execute(
+                "INSERT INTO report_catalog (report_id, visible_object, fence_token) VALUES ($1, 'x', '0.50')",
+                &[&long],
+            ),
+        ),
+    ];
+    for (code, result) in &bad {
+        ensure!(sqlstate(result).as_deref() == Some(*code), "{result:?}");
+    }
     ensure!(row(&mut db, JULY)? == Some((Some("reports/july/b9".into()), Some("0.42".into()), 1)));
     ensure!(
         db.query_one("SELECT count(*) FROM report_catalog", &[])?
