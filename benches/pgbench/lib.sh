@@ -59,6 +59,9 @@ pg_overlay() {
         [ "${f##*/}" = fencecheck.so ] || ln -s "$f" "$root/${libdir#"$prefix"}/"
     done
     cp "$FENCECHECK_SO" "$root/${libdir#"$prefix"}/fencecheck.so"
+    # Written back now: a mapped page still dirty in the page cache would
+    # count as the backend's Private_Dirty (backend-memory).
+    sync "$root/${libdir#"$prefix"}/fencecheck.so"
     for f in "$sharedir"/*; do
         [ "${f##*/}" = extension ] || ln -s "$f" "$root/${sharedir#"$prefix"}/"
     done
