@@ -5,46 +5,34 @@
 
 mod common;
 
-use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::thread;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
-use common::{PgServer, protected_catalog, server};
+use common::{protected_catalog, server};
+use fencecheck::Token;
+use fencecheck_tests::history::{self, Attempt, Audited, Kept, Seen};
 
 const CLIENTS: usize = 16;
 const SCOPES: usize = 4;
 const OPS_PER_CLIENT: usize = 120;
 
-/// What a client saw of one attempt.
-#[derive(Clone, Debug, PartialEq)]
-enum Seen {
-    /// Committed; the scope is at this version.
-    Applied(i64),
-    /// Refused with this SQLSTATE (class 5F): nothing may have changed.
-    Refused(String),
-    /// The connection broke: it may or may not have committed.
-    Unknown,
-}
-
-#[derive(Clone, Debug)]
-struct Attempt {
-    scope: usize,
-    token: u64,
-    op_id: Option<String>,
-    expected_version: Option<i64>,
-    payload: String,
-    seen: Seen,
-}
-
 fn scope_name(i: usize) -> String {
     format!("scope-{i}")
 }
 
-fn token_text(counter: u64) -> String {
-    format!("1.{counter}")
+fn token(counter: u64) -> Token {
+    Token {
+        authority: 0,
+        epoch: 1,
+        counter,
+    }
+}
+
+fn token_text(t: &Token) -> String {
+    format!("{}.{}", t.epoch, t.counter)
 }
 
 /// One fenced write and its audit row, in one transaction; the guards in
@@ -72,14 +60,14 @@ fn attempt(db: &mut postgres::Client, a: &Attempt) -> Seen {
                  INSERT INTO audit (scope, payload, token, version)
                  SELECT report_id, visible_object, fence_token, version FROM u
                  RETURNING version",
-                &[&a.payload, &token_text(a.token), &scope_name(a.scope)],
+                &[&a.payload, &token_text(&a.token), &a.scope],
             )?
             .get(0);
         tx.commit()?;
         Ok(version)
     })();
     match result {
-        Ok(v) => Seen::Applied(v),
+        Ok(v) => Seen::Applied(v.unsigned_abs()),
         Err(e) => match e.code().map(|c| c.code().to_string()) {
             Some(code) if code.starts_with("5F") => Seen::Refused(code),
             _ => Seen::Unknown,
@@ -155,13 +143,15 @@ fn concurrent_writers_across_a_crash_keep_the_fence() -> Result<()> {
             let mut db = connect(&url)?;
             let mut mine: Vec<Attempt> = Vec::new();
             for op in 0..OPS_PER_CLIENT {
-                let scope = rng.next(SCOPES as u64) as usize;
+                let s = rng.next(SCOPES as u64) as usize;
+                let scope = scope_name(s);
                 let payload = format!("c{c}-op{op}");
-                let fresh = || issued[scope].fetch_add(1, Ordering::SeqCst) + 1;
+                let fresh = || token(issued[s].fetch_add(1, Ordering::SeqCst) + 1);
                 let mut batch = Vec::new();
                 match rng.next(4) {
                     // Current: a newly issued token, above every earlier one.
                     0 => batch.push(Attempt {
+                        client: c,
                         scope,
                         token: fresh(),
                         op_id: Some(payload.clone()),
@@ -171,10 +161,11 @@ fn concurrent_writers_across_a_crash_keep_the_fence() -> Result<()> {
                     }),
                     // Stale: an older token (delayed or paused writer).
                     1 => {
-                        let now = issued[scope].load(Ordering::SeqCst);
+                        let now = issued[s].load(Ordering::SeqCst);
                         batch.push(Attempt {
+                            client: c,
                             scope,
-                            token: now.saturating_sub(1 + rng.next(3)).max(1),
+                            token: token(now.saturating_sub(1 + rng.next(3)).max(1)),
                             op_id: Some(payload.clone()),
                             expected_version: None,
                             payload,
@@ -194,17 +185,18 @@ fn concurrent_writers_across_a_crash_keep_the_fence() -> Result<()> {
                     // version they expect, delivered in the wrong order.
                     _ => {
                         let token = fresh();
-                        let v: i64 = db
+                        let v: u64 = db
                             .query_one(
                                 "SELECT (fence_inspect(fence_state)->>'version')::bigint
                                    FROM report_catalog WHERE report_id = $1",
-                                &[&scope_name(scope)],
+                                &[&scope],
                             )
-                            .map(|r| r.get(0))
+                            .map(|r| r.get::<_, i64>(0).unsigned_abs())
                             .unwrap_or(0);
                         for (k, expected) in [(2, v + 1), (1, v)] {
                             batch.push(Attempt {
-                                scope,
+                                client: c,
+                                scope: scope.clone(),
                                 token,
                                 op_id: None,
                                 expected_version: Some(expected),
@@ -247,95 +239,50 @@ fn concurrent_writers_across_a_crash_keep_the_fence() -> Result<()> {
         .lock()
         .map_err(|_| anyhow::anyhow!("poisoned"))?
         .clone();
-    check(&mut db, &history, &server)
-}
-
-fn check(db: &mut postgres::Client, history: &[Attempt], server: &PgServer) -> Result<()> {
-    // scope → version → (payload, token)
-    let mut audit: HashMap<String, BTreeMap<i64, (String, u64)>> = HashMap::new();
-    for r in db.query("SELECT scope, version, payload, token FROM audit", &[])? {
-        let token: String = r.get(3);
-        let counter = token
-            .strip_prefix("1.")
-            .and_then(|c| c.parse().ok())
-            .context("audited token")?;
-        audit
-            .entry(r.get(0))
-            .or_default()
-            .insert(r.get(1), (r.get(2), counter));
-    }
-    let by_payload: HashMap<&str, &Attempt> =
-        history.iter().map(|a| (a.payload.as_str(), a)).collect();
-    let counts = |f: fn(&Seen) -> bool| history.iter().filter(|a| f(&a.seen)).count();
-    let (applied, refused, unknown) = (
-        counts(|s| matches!(s, Seen::Applied(_))),
-        counts(|s| matches!(s, Seen::Refused(_))),
-        counts(|s| matches!(s, Seen::Unknown)),
-    );
+    let kept = kept(&mut db)?;
+    let summary = history::check(&history, &kept).map_err(|e| e.context(server.log()))?;
+    eprintln!("history: {summary:?}");
     ensure!(
-        applied > 100 && refused > 100,
-        "a load with both outcomes: {applied} applied, {refused} refused"
+        summary.applied > 100 && summary.refused > 100,
+        "a load with both outcomes: {summary:?}"
     );
-    eprintln!("history: {applied} applied, {refused} refused, {unknown} unknown (crash)");
-
-    for s in 0..SCOPES {
-        let scope = scope_name(s);
-        let log = audit.get(&scope).context("scope audited")?;
-        // Versions are 1..=n with no gap: every commit advanced the state by one.
-        ensure!(
-            log.keys().copied().eq(1..=log.len() as i64),
-            "{scope}: versions {:?}",
-            log.keys().collect::<Vec<_>>()
-        );
-        // Applied tokens never decrease; an equal token only with a guard.
-        let mut previous = 0;
-        for (version, (payload, token)) in log {
+    for a in &history {
+        if let Seen::Refused(code) = &a.seen {
             ensure!(
-                *token >= previous,
-                "{scope} v{version}: token {token} after {previous}"
+                ["5F001", "5F002", "5F003"].contains(&code.as_str()),
+                "unexpected refusal {a:?}"
             );
-            if *token == previous {
-                let a = by_payload
-                    .get(payload.as_str())
-                    .context("audited attempt")?;
-                ensure!(
-                    a.op_id.is_some() || a.expected_version.is_some(),
-                    "{scope}: unguarded equal {payload}"
-                );
-            }
-            previous = *token;
-        }
-        // The row is the last audited write.
-        let row = db.query_one(
-            "SELECT visible_object, (fence_inspect(fence_state)->>'version')::bigint
-               FROM report_catalog WHERE report_id = $1",
-            &[&scope],
-        )?;
-        let (last_version, (last_payload, _)) = log.iter().next_back().context("non-empty")?;
-        ensure!(
-            row.get::<_, i64>(1) == *last_version && row.get::<_, String>(0) == *last_payload,
-            "{scope}: the row is not the last audited write"
-        );
-    }
-    for a in history {
-        let logged = audit
-            .get(&scope_name(a.scope))
-            .and_then(|log| log.iter().find(|(_, (p, _))| *p == a.payload));
-        match &a.seen {
-            Seen::Applied(v) => ensure!(
-                logged.map(|(version, _)| *version) == Some(*v),
-                "acknowledged write lost or misplaced: {a:?}\n{}",
-                server.log()
-            ),
-            Seen::Refused(code) => {
-                ensure!(logged.is_none(), "refused write left a trace: {a:?}");
-                ensure!(
-                    ["5F001", "5F002", "5F003"].contains(&code.as_str()),
-                    "unexpected refusal {a:?}"
-                );
-            }
-            Seen::Unknown => {}
         }
     }
     Ok(())
+}
+
+/// The audit log and each row's current value, as the checker wants them.
+fn kept(db: &mut postgres::Client) -> Result<Kept> {
+    let mut kept = Kept::default();
+    for r in db.query("SELECT scope, version, payload, token FROM audit", &[])? {
+        let text: String = r.get(3);
+        let counter = text
+            .strip_prefix("1.")
+            .and_then(|c| c.parse().ok())
+            .context("audited token")?;
+        let version: i64 = r.get(1);
+        kept.audit.entry(r.get(0)).or_default().insert(
+            version.unsigned_abs(),
+            Audited {
+                payload: r.get(2),
+                token: token(counter),
+            },
+        );
+    }
+    for r in db.query(
+        "SELECT report_id, (fence_inspect(fence_state)->>'version')::bigint, visible_object
+           FROM report_catalog",
+        &[],
+    )? {
+        let version: i64 = r.get(1);
+        kept.finals
+            .insert(r.get(0), (version.unsigned_abs(), r.get(2)));
+    }
+    Ok(kept)
 }

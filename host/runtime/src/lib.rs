@@ -58,6 +58,7 @@ mod checker;
 mod core;
 mod engine;
 mod error;
+mod fenced;
 mod instance;
 mod packed;
 mod runtime;
@@ -74,6 +75,7 @@ pub use fencecheck_guest::{
     MAX_OP_ID_BYTES, MAX_SCOPE_BYTES, Policy, Release, ReleaseRequest, Renew, RenewRequest,
     Request, StateInfo, Token, WINDOW_CAPACITY, WindowEntry,
 };
+pub use fenced::{Accepted, Fenced, Rejection, accept};
 pub use instance::Instance;
 pub use runtime::{
     Allocation, COMPONENT, Limits, Loaded, PRECOMPILED, Precompiled, Runtime, Transport,

@@ -1,0 +1,113 @@
+//! The fenced transaction: lock the scope's state → check → store the new
+//! state → the caller's mutation → commit, in one transaction.
+
+use fencecheck::{Accepted, Checker, Fenced, Request, accept};
+use postgres::{Client, Transaction};
+
+use crate::Error;
+use crate::error::pg;
+
+const LOCK_STATE: &str = "SELECT fence_state FROM fencecheck_scopes WHERE scope = $1 FOR UPDATE";
+
+// ON CONFLICT DO NOTHING: when two writers create one scope at once, the
+// second waits for the first to commit, inserts nothing, and decides again
+// against the state the first stored.
+const INSERT_STATE: &str = "INSERT INTO fencecheck_scopes (scope, fence_state, version) \
+     VALUES ($1, $2, $3) ON CONFLICT (scope) DO NOTHING";
+
+const UPDATE_STATE: &str =
+    "UPDATE fencecheck_scopes SET fence_state = $2, version = $3 WHERE scope = $1";
+
+/// The scope's stored fence state, or `None` if it never accepted a token.
+pub fn stored_state(client: &mut Client, scope: &str) -> Result<Option<Vec<u8>>, Error> {
+    client
+        .query_opt(
+            "SELECT fence_state FROM fencecheck_scopes WHERE scope = $1",
+            &[&scope],
+        )
+        .map(|row| row.map(|r| r.get(0)))
+        .map_err(pg("reading the fence state"))
+}
+
+/// Run `mutation` under the fence in one transaction (at the session's
+/// isolation level): lock the scope's row, check `request`, and only on
+/// `applied` store the new state and run the mutation, then commit. On a
+/// rejection or any error the transaction rolls back and nothing changes.
+///
+/// - READ COMMITTED (PostgreSQL's default): concurrent writers of one scope
+///   queue on its row lock; each decides against the state the previous
+///   one committed, including two writers creating a new scope at once.
+/// - REPEATABLE READ / SERIALIZABLE: a concurrent write the snapshot cannot
+///   see fails with a serialization error instead ([`Error::is_retryable`]);
+///   never a stale result.
+///
+/// The mutation receives the open transaction (do every write of the
+/// protected operation through it) and what the fence accepted. It must not
+/// end the transaction itself (no `COMMIT` through `batch_execute`).
+pub fn fenced_write<C, T, E>(
+    client: &mut Client,
+    checker: &mut C,
+    request: &Request,
+    mutation: impl FnOnce(&mut Transaction<'_>, &Accepted) -> Result<T, E>,
+) -> Result<Fenced<T>, Error>
+where
+    C: Checker + ?Sized,
+    E: Into<Box<dyn std::error::Error + Send + Sync + 'static>>,
+{
+    let mut tx = client
+        .transaction()
+        .map_err(pg("beginning the fenced transaction"))?;
+    // Two rounds at most: the second only after another writer created the
+    // scope between this one's locking read (no row) and its insert.
+    let mut accepted = None;
+    for _ in 0..2 {
+        let stored: Option<Vec<u8>> = tx
+            .query_opt(LOCK_STATE, &[&request.scope])
+            .map_err(pg("locking the fence state"))?
+            .map(|r| r.get(0));
+        let (decided, state) = match accept(checker.check(stored.as_deref(), request)?) {
+            Ok(applied) => applied,
+            // Dropping `tx` rolls back: a rejection changes nothing.
+            Err(rejection) => return Ok(Fenced::Rejected(rejection)),
+        };
+        let version = i64::try_from(decided.version).map_err(|_| Error::Invalid {
+            what: "version",
+            why: format!("{} does not fit a PostgreSQL bigint", decided.version),
+        })?;
+        let params: [&(dyn postgres::types::ToSql + Sync); 3] = [&request.scope, &state, &version];
+        if stored.is_some() {
+            tx.execute(UPDATE_STATE, &params)
+                .map_err(pg("storing the fence state"))?;
+        } else if tx
+            .execute(INSERT_STATE, &params)
+            .map_err(pg("storing the first fence state"))?
+            == 0
+        {
+            continue;
+        }
+        accepted = Some(decided);
+        break;
+    }
+    let accepted = accepted.ok_or_else(|| Error::Invalid {
+        what: "scope row",
+        why: "created and removed concurrently twice".into(),
+    })?;
+    let value = mutation(&mut tx, &accepted).map_err(|e| Error::Mutation(e.into()))?;
+    tx.commit().map_err(|e| {
+        // A server error at commit (e.g. a serialization failure) means it
+        // rolled back; no answer at all means it may have committed.
+        if e.code().is_some() {
+            Error::Postgres {
+                doing: "committing",
+                source: e,
+            }
+        } else {
+            Error::CommitUnknown(e)
+        }
+    })?;
+    Ok(Fenced::Applied {
+        version: accepted.version,
+        highest: accepted.highest,
+        value,
+    })
+}

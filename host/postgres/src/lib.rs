@@ -1,0 +1,49 @@
+//! Fenced writes on PostgreSQL from the client side, decided by the
+//! fencecheck component: for databases where no extension can be installed
+//! (managed services). The check runs in this process, inside the caller's
+//! transaction, over the same state table layout as the SQLite adapter.
+//!
+//! # Layout
+//!
+//! - [`install`] creates the one layout ([`LAYOUT_VERSION`], `schema.sql`:
+//!   `fencecheck_meta`, `fencecheck_scopes`, `fencecheck_objects`, the
+//!   SQLite tables with PostgreSQL types) and refuses any other.
+//! - [`fenced_write`] locks the scope's row, checks, stores the new state
+//!   and runs the caller's mutation in one transaction. Results are
+//!   [`Fenced`] (applied, or a definitive [`Rejection`]); failures are
+//!   [`Error`], with [`Error::is_retryable`] for serialization failures and
+//!   deadlocks and [`Error::CommitUnknown`] when the commit's fate is unknown.
+//!
+//! # Example
+//!
+//! ```no_run
+//! use fencecheck::{Policy, Request, Runtime, TokenText};
+//! use fencecheck_postgres::{Fenced, Rejection, fenced_write, install};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let mut db = postgres::Client::connect("host=127.0.0.1 user=app", postgres::NoTls)?;
+//! install(&mut db)?;
+//! let mut guest = Runtime::new()?.instance()?;
+//! let token = "0.42".parse::<TokenText>()?.0;
+//! let request = Request::new("report/july", token, Policy::Strict);
+//! let outcome = fenced_write(&mut db, &mut guest, &request, |tx, _accepted| {
+//!     tx.execute("UPDATE report_catalog SET visible_object = $1 WHERE report_id = $2",
+//!                &[&"reports/july/b9", &"report/july"])
+//! })?;
+//! match outcome {
+//!     Fenced::Applied { version, .. } => println!("published, version {version}"),
+//!     Fenced::Rejected(Rejection::StaleFence { .. }) => { /* definitive: stop */ }
+//!     Fenced::Rejected(other) => println!("nothing changed: {}", other.name()),
+//! }
+//! # Ok(())
+//! # }
+//! ```
+
+mod error;
+mod fence;
+mod schema;
+
+pub use error::Error;
+pub use fence::{fenced_write, stored_state};
+pub use fencecheck::{Accepted, Fenced, Rejection};
+pub use schema::{LAYOUT_VERSION, install};
