@@ -4,9 +4,9 @@ component (wit/fence.wit) with wasmtime-py.
 Call ``Instance.check`` *inside* your own transaction: read the scope's state,
 check, and only on ``Applied`` perform the mutation and store ``Applied.state``,
 then commit. ``fencecheck.sqlite.fenced_write`` does exactly that for the
-standard library's ``sqlite3``. (PostgreSQL through psycopg is not provided
-yet: there is no PostgreSQL adapter in the project so far. The same shape
-applies: ``SELECT ... FOR UPDATE`` the state row, check, write, commit.)
+standard library's ``sqlite3``, ``fencecheck.postgres.fenced_write`` for
+PostgreSQL through psycopg 3 (``SELECT ... FOR UPDATE`` the state row, check,
+write, commit; imported on its own, so psycopg is needed only there).
 
 >>> import fencecheck as fc
 >>> guest = fc.Runtime().instance()

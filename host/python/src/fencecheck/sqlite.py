@@ -17,9 +17,8 @@ Errors of this module are ``HostError`` subclasses (``fc.HostError``), not
 retryable: ``UnsupportedLayout`` (the database is laid out for another
 version) and ``TransactionEnded`` (the mutation ended the transaction).
 
-PostgreSQL (psycopg) is not provided yet: the project has no PostgreSQL
-adapter so far. The same shape applies there: ``SELECT state ... FOR UPDATE``,
-check, mutate and upsert the state, commit.
+PostgreSQL through psycopg 3: ``fencecheck.postgres``, the same shape in the
+PostgreSQL layout the Rust ``fencecheck-postgres`` shares.
 """
 
 from __future__ import annotations

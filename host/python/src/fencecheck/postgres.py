@@ -1,0 +1,292 @@
+"""Fenced writes on PostgreSQL through psycopg 3, in the one PostgreSQL layout
+every fencecheck host shares.
+
+``install`` creates fencecheck's tables from ``host/postgres/schema.sql``,
+the text the Rust adapter (``fencecheck_postgres::install``) runs too,
+packaged with this module. So a Python and a Rust writer of one scope on one
+database read and advance the same fence state in ``fencecheck_scopes``: one
+high-water mark, whatever the language.
+
+``fenced_write`` mirrors ``fencecheck_postgres::fenced_write``: in one
+transaction (at the connection's isolation level) it locks the scope's row
+(``SELECT ... FOR UPDATE``), checks, and only on ``Applied`` stores the new
+state and runs your mutation, then commits. Every other outcome, every
+exception (including one raised by your mutation) rolls back: nothing
+changes.
+
+- READ COMMITTED (PostgreSQL's default): concurrent writers of one scope queue
+  on its row lock, and each decides against the state the previous one
+  committed, including two writers creating a new scope at once.
+- REPEATABLE READ / SERIALIZABLE: a concurrent write the snapshot cannot see
+  fails with ``SerializationConflict`` (retryable) instead; never a stale
+  result.
+
+Errors of this module are ``HostError`` subclasses (``fc.HostError``):
+``SerializationConflict`` (``retryable = True``: rolled back for certain,
+run the same write again); ``CommitUnknown`` (the connection failed during
+the commit: the write may have committed), ``UnsupportedLayout``,
+``TransactionEnded`` and ``ScopeRowRace`` (not retryable). Any other psycopg
+error is re-raised as it is, after rolling back. A ``StaleFence`` is a
+returned value, never an exception.
+
+Needs ``psycopg`` (3.x; the project tests ``psycopg[binary]==3.3.9``).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.resources
+from collections.abc import Callable
+
+import psycopg
+from psycopg.pq import TransactionStatus
+from psycopg.rows import tuple_row
+
+from ._guest import Instance
+from ._types import Applied, ComponentLoadError, Decision, HostError, Request
+
+LAYOUT_VERSION = 1
+"""The layout this module reads and writes (``fencecheck_meta``'s ``layout``
+row), the same number as the Rust host's ``fencecheck_postgres::LAYOUT_VERSION``."""
+
+SCHEMA_RESOURCE = "postgres-schema.sql"
+"""The packaged copy of ``host/postgres/schema.sql`` (scripts/build-component
+puts it there)."""
+
+# "fencechk" in ASCII, the Rust host's key: serializes concurrent installs
+# from every host (CREATE ... IF NOT EXISTS alone can race on the catalogs).
+INSTALL_LOCK = 0x6665_6E63_6563_686B
+
+_I64_MAX = 2**63 - 1
+
+# SQLSTATEs after which the transaction was rolled back for certain and the
+# same write may succeed: serialization_failure, deadlock_detected.
+_RETRYABLE = frozenset({"40001", "40P01"})
+
+_META_EXISTS = "SELECT to_regclass('fencecheck_meta') IS NOT NULL"
+_READ_LAYOUT = "SELECT value FROM fencecheck_meta WHERE key = 'layout'"
+_READ_STATE = "SELECT fence_state FROM fencecheck_scopes WHERE scope = %s"
+_LOCK_STATE = "SELECT fence_state FROM fencecheck_scopes WHERE scope = %s FOR UPDATE"
+# ON CONFLICT DO NOTHING: when two writers create one scope at once, the
+# second waits for the first to commit, inserts nothing, and decides again
+# against the state the first stored.
+_INSERT_STATE = (
+    "INSERT INTO fencecheck_scopes (scope, fence_state, version) VALUES (%s, %s, %s) "
+    "ON CONFLICT (scope) DO NOTHING"
+)
+# Only the fence columns: the catalog pointer (visible_object,
+# published_at_ms) is left as it is.
+_UPDATE_STATE = "UPDATE fencecheck_scopes SET fence_state = %s, version = %s WHERE scope = %s"
+
+
+class UnsupportedLayout(HostError):
+    """``install`` found a database laid out for another version:
+    ``fencecheck_meta``'s ``layout`` row holds ``found``, not
+    ``LAYOUT_VERSION``. Nothing was created or changed. Not retryable: use a
+    fencecheck version that supports that layout."""
+
+    retryable = False
+
+    def __init__(self, found: object) -> None:
+        self.found = found
+        self.supported = LAYOUT_VERSION
+        super().__init__(
+            f"unsupported fencecheck layout: the database has layout {found!r}, "
+            f"this version supports only layout {LAYOUT_VERSION}; nothing was installed"
+        )
+
+
+class SerializationConflict(HostError):
+    """PostgreSQL aborted the transaction with a serialization failure
+    (``40001``, REPEATABLE READ or SERIALIZABLE) or a deadlock (``40P01``),
+    at any step, the commit included. Rolled back for certain and says
+    nothing about the fence: run the same ``fenced_write`` again.
+    ``sqlstate`` is the code; the psycopg error is ``__cause__``."""
+
+    retryable = True
+
+    def __init__(self, doing: str, error: psycopg.Error) -> None:
+        self.doing, self.sqlstate = doing, error.sqlstate
+        super().__init__(f"PostgreSQL aborted the fenced transaction while {doing} ({error.sqlstate}): {error}")
+
+
+class CommitUnknown(HostError):
+    """The connection failed while the commit was in flight: the write may or
+    may not have committed. Read the scope (``load_state``, its ``version``)
+    on a new connection before deciding anything; never assume either way.
+    Not retryable as it is: a blind retry of an applied write would be
+    decided against its own state (``Duplicate`` or ``StaleFence``)."""
+
+    retryable = False
+
+    def __init__(self, error: psycopg.Error) -> None:
+        super().__init__(f"the commit's outcome is unknown: {error}")
+
+
+class TransactionEnded(HostError):
+    """The mutation ended ``fenced_write``'s transaction itself (ran ``COMMIT``
+    or ``ROLLBACK`` through ``execute``). Whatever it committed stays
+    committed, the fence state with it (the state is stored before the
+    mutation runs); the rest was rolled back. A bug in the mutation, never an
+    outcome, and not retryable. (``conn.commit()`` and ``conn.rollback()``
+    are refused by psycopg itself inside the transaction.)"""
+
+    retryable = False
+
+    def __init__(self) -> None:
+        super().__init__("the fenced mutation ended the transaction itself")
+
+
+class ScopeRowRace(HostError):
+    """The scope's row was created by another writer and then deleted again,
+    twice, while this write was deciding (READ COMMITTED only). Rolled back,
+    nothing stored. Not retryable: deleting fencecheck_scopes rows resets a
+    fence, which nothing in fencecheck does; find out who does."""
+
+    retryable = False
+
+    def __init__(self, scope: str) -> None:
+        self.scope = scope
+        super().__init__(f"the row of scope {scope!r} was created and removed concurrently twice; nothing was stored")
+
+
+class _Rejected(Exception):
+    """Carries a non-applied decision out of the transaction block, which
+    rolls back on any exception (a rejection changes nothing)."""
+
+    def __init__(self, decision: Decision) -> None:
+        self.decision = decision
+
+
+@functools.cache
+def _schema() -> str:
+    try:
+        return importlib.resources.files(__package__).joinpath(SCHEMA_RESOURCE).read_text("utf-8")
+    except OSError as e:
+        raise ComponentLoadError(
+            f"the packaged {SCHEMA_RESOURCE} is missing ({e}); run scripts/build-component "
+            "before `pip install ./host/python`"
+        ) from None
+
+
+def _idle(conn: psycopg.Connection, what: str) -> None:
+    # Joining the caller's transaction would commit or roll back its work
+    # with ours; psycopg's transaction() would silently make ours a savepoint.
+    if conn.info.transaction_status != TransactionStatus.IDLE:
+        raise psycopg.ProgrammingError(f"{what} needs its own transaction; commit or roll back first")
+
+
+def _layout(cur: psycopg.Cursor) -> object | None:
+    """The stored layout number, or ``None`` when there is no
+    ``fencecheck_meta`` table or no ``layout`` row in it (as the Rust host)."""
+    row = cur.execute(_META_EXISTS).fetchone()
+    if row is None or not row[0]:
+        return None
+    row = cur.execute(_READ_LAYOUT).fetchone()
+    return None if row is None else row[0]
+
+
+def _check_layout(cur: psycopg.Cursor) -> None:
+    found = _layout(cur)
+    if found is not None and found != LAYOUT_VERSION:
+        raise UnsupportedLayout(found)
+
+
+def install(conn: psycopg.Connection) -> None:
+    """Create fencecheck's tables (``fencecheck_meta``, ``fencecheck_scopes``,
+    ``fencecheck_objects``) if they do not exist. Idempotent; run it once per
+    process before the first write.
+
+    One transaction holding ``pg_advisory_xact_lock(INSTALL_LOCK)``, so
+    concurrent installs (from any host) queue; ``conn`` must not be inside a
+    transaction. A database whose ``fencecheck_meta`` names another layout
+    raises ``UnsupportedLayout`` and nothing is created: a writer of another
+    layout would keep a separate fence. The layout is checked again after
+    the schema ran, before the commit.
+    """
+    schema = _schema()
+    _idle(conn, "install")
+    with conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
+        cur.execute("SELECT pg_advisory_xact_lock(%s)", (INSTALL_LOCK,))
+        _check_layout(cur)
+        cur.execute(schema)  # no parameters: sent as one simple query, every statement
+        _check_layout(cur)
+
+
+def load_state(conn: psycopg.Connection, scope: str) -> bytes | None:
+    """The stored state of ``scope`` (``None`` if it never accepted a token).
+    Runs in the connection's current transaction, if any (psycopg opens one
+    unless ``autocommit``)."""
+    with conn.cursor(row_factory=tuple_row) as cur:
+        row = cur.execute(_READ_STATE, (scope,)).fetchone()
+    return None if row is None else bytes(row[0])
+
+
+def _decide_and_store(cur: psycopg.Cursor, guest: Instance, request: Request) -> Decision:
+    # Two rounds at most: the second only after another writer created the
+    # scope between this one's locking read (no row) and its insert.
+    for _ in range(2):
+        row = cur.execute(_LOCK_STATE, (request.scope,)).fetchone()
+        stored = None if row is None else bytes(row[0])
+        decision = guest.check(stored, request)
+        if not isinstance(decision, Applied):
+            return decision
+        # Refused before anything is stored or the mutation runs, as in Rust.
+        if decision.version > _I64_MAX:
+            raise OverflowError(f"version {decision.version} does not fit a PostgreSQL bigint; nothing was stored")
+        if stored is not None:
+            cur.execute(_UPDATE_STATE, (decision.state, decision.version, request.scope))
+            return decision
+        cur.execute(_INSERT_STATE, (request.scope, decision.state, decision.version))
+        if cur.rowcount == 1:
+            return decision
+    raise ScopeRowRace(request.scope)
+
+
+def fenced_write(
+    conn: psycopg.Connection,
+    guest: Instance,
+    request: Request,
+    mutate: Callable[[psycopg.Connection, Applied], object],
+) -> Decision:
+    """Check ``request`` and, only if it is applied, store the new state and
+    run ``mutate(conn, applied)``, all in one transaction. ``install`` must
+    have run on the database.
+
+    Returns the decision (``StaleFence`` and the others are values: nothing
+    was changed). After rolling back, raises ``FenceError`` (bad request,
+    damaged state), ``HostError`` (the guest could not run),
+    ``SerializationConflict`` (retryable), ``OverflowError`` (a version
+    beyond bigint), or re-raises whatever ``mutate`` or psycopg raised. If
+    the connection fails during the commit, raises ``CommitUnknown``.
+
+    ``mutate`` must do every write of the protected operation through
+    ``conn`` and must not end the transaction (``TransactionEnded``);
+    nested ``conn.transaction()`` blocks (savepoints) are fine. The
+    connection must not be inside a transaction already: the fence check and
+    the mutation need one of their own to be atomic together.
+    """
+    _idle(conn, "fenced_write")
+    committing = False
+    try:
+        with conn.transaction():
+            with conn.cursor(row_factory=tuple_row) as cur:
+                decision = _decide_and_store(cur, guest, request)
+            if not isinstance(decision, Applied):
+                raise _Rejected(decision)
+            mutate(conn, decision)
+            if conn.info.transaction_status != TransactionStatus.INTRANS:
+                raise TransactionEnded()
+            committing = True  # leaving the block sends COMMIT
+    except _Rejected as rejected:
+        # Rolled back (a failed rollback only loses a lock): the decision stands.
+        return rejected.decision
+    except psycopg.Error as e:
+        if e.sqlstate in _RETRYABLE:
+            raise SerializationConflict("committing" if committing else "writing", e) from e
+        # The server's answer to COMMIT (an error with a SQLSTATE) means it
+        # rolled back; no answer at all means it may have committed.
+        if committing and e.sqlstate is None and isinstance(e, psycopg.OperationalError):
+            raise CommitUnknown(e) from e
+        raise
+    return decision
