@@ -9,6 +9,9 @@ pub enum AuthorityError {
     /// The SQLite store failed (locked past the busy timeout, I/O, …).
     #[error("lease store (SQLite): {0}")]
     Sqlite(#[from] rusqlite::Error),
+    /// The PostgreSQL store failed (connection, serialization failure, …).
+    #[error("lease store (PostgreSQL): {0}")]
+    Postgres(#[from] postgres::Error),
     /// The etcd store failed or could not be reached.
     #[error("lease store (etcd): {0}")]
     Etcd(String),

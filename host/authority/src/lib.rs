@@ -48,6 +48,7 @@ mod client;
 mod clock;
 mod error;
 mod etcd;
+mod postgres;
 mod rules;
 mod sqlite;
 
@@ -55,6 +56,7 @@ pub use client::{AcquireResult, Client, DriftBound, Lease, WriteError, WriteOutc
 pub use clock::{Clock, ManualClock, MonotonicClock, SystemClock};
 pub use error::AuthorityError;
 pub use etcd::{EtcdCoordinator, EtcdOptions};
+pub use postgres::PostgresCoordinator;
 pub use sqlite::SqliteCoordinator;
 
 use fencecheck::Token;

@@ -257,7 +257,7 @@ impl Coordinator for SqliteCoordinator {
 
 /// A random, non-zero authority id from the standard library's per-process
 /// random hasher keys (no extra dependency; uniqueness, not secrecy, matters).
-fn fresh_authority() -> u64 {
+pub(crate) fn fresh_authority() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
     hasher.write_u128(

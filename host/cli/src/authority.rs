@@ -1,24 +1,39 @@
-//! `fencecheck authority …`: the SQLite lease coordinator from the shell.
+//! `fencecheck authority …`: the SQLite or PostgreSQL lease coordinator from
+//! the shell.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
-use clap::Subcommand;
+use clap::{Args, Subcommand};
 use fencecheck::{Runtime, TokenText};
 use fencecheck_authority::{
-    AcquireOutcome, Coordinator, ReleaseOutcome, RenewOutcome, SqliteCoordinator, SystemClock,
+    AcquireOutcome, Coordinator, PostgresCoordinator, ReleaseOutcome, RenewOutcome,
+    SqliteCoordinator, SystemClock,
 };
 
-/// Lease-coordinator commands; every one is one transaction on `--db`.
+/// Where the coordinator keeps its leases: exactly one of `--db` (SQLite)
+/// and `--postgres`.
+#[derive(Args)]
+#[group(required = true, multiple = false)]
+pub struct Store {
+    /// Coordinator SQLite database (created if missing).
+    #[arg(long)]
+    db: Option<PathBuf>,
+    /// Coordinator PostgreSQL database, as a libpq connection string
+    /// (`host=… user=… dbname=…` or `postgresql://…`); tables created if missing.
+    #[arg(long)]
+    postgres: Option<String>,
+}
+
+/// Lease-coordinator commands; every one is one transaction on the store.
 #[derive(Subcommand)]
 pub enum Authority {
     /// Acquire a lock; prints the token on success, exits 3 when busy.
     Acquire {
-        /// Coordinator database (created if missing).
-        #[arg(long)]
-        db: PathBuf,
+        #[command(flatten)]
+        store: Store,
         /// The lock (also the fencing scope).
         lock: String,
         /// This acquisition's unique id.
@@ -28,9 +43,8 @@ pub enum Authority {
     },
     /// Renew the exact current lease; exits 3 when lost.
     Renew {
-        /// Coordinator database.
-        #[arg(long)]
-        db: PathBuf,
+        #[command(flatten)]
+        store: Store,
         /// The lock.
         lock: String,
         /// The lease id.
@@ -42,9 +56,8 @@ pub enum Authority {
     },
     /// Release the exact current lease; exits 3 when not the owner.
     Release {
-        /// Coordinator database.
-        #[arg(long)]
-        db: PathBuf,
+        #[command(flatten)]
+        store: Store,
         /// The lock.
         lock: String,
         /// The lease id.
@@ -57,9 +70,8 @@ pub enum Authority {
     /// time in milliseconds, which also stays above earlier restores of the
     /// same backup, even two within one second). Prints the new epoch floor.
     Restore {
-        /// Coordinator database.
-        #[arg(long)]
-        db: PathBuf,
+        #[command(flatten)]
+        store: Store,
         /// The lowest acceptable new epoch.
         #[arg(long)]
         at_least: Option<u64>,
@@ -68,20 +80,30 @@ pub enum Authority {
 
 const BUSY: u8 = 3;
 
-fn open(runtime: &Runtime, db: &Path) -> Result<SqliteCoordinator> {
-    SqliteCoordinator::open(db, runtime.clone(), Arc::new(SystemClock))
-        .with_context(|| format!("opening the coordinator at {}", db.display()))
+fn open(runtime: &Runtime, store: &Store) -> Result<Box<dyn Coordinator>> {
+    let clock = Arc::new(SystemClock);
+    match (&store.db, &store.postgres) {
+        (Some(db), _) => Ok(Box::new(
+            SqliteCoordinator::open(db, runtime.clone(), clock)
+                .with_context(|| format!("opening the coordinator at {}", db.display()))?,
+        )),
+        (None, Some(url)) => Ok(Box::new(
+            PostgresCoordinator::open(url, runtime.clone(), clock)
+                .context("opening the PostgreSQL coordinator")?,
+        )),
+        (None, None) => anyhow::bail!("give --db or --postgres"),
+    }
 }
 
 /// Run one authority command.
 pub fn run(runtime: &Runtime, command: Authority) -> Result<ExitCode> {
     match command {
         Authority::Acquire {
-            db,
+            store,
             lock,
             lease_id,
             ttl_ms,
-        } => match open(runtime, &db)?.acquire(&lock, &lease_id, ttl_ms)? {
+        } => match open(runtime, &store)?.acquire(&lock, &lease_id, ttl_ms)? {
             AcquireOutcome::Acquired(grant) => {
                 println!(
                     "acquired {} lease {} token {} expires-at {}",
@@ -98,12 +120,12 @@ pub fn run(runtime: &Runtime, command: Authority) -> Result<ExitCode> {
             }
         },
         Authority::Renew {
-            db,
+            store,
             lock,
             lease_id,
             token,
             ttl_ms,
-        } => match open(runtime, &db)?.renew(&lock, &lease_id, token.0, ttl_ms)? {
+        } => match open(runtime, &store)?.renew(&lock, &lease_id, token.0, ttl_ms)? {
             RenewOutcome::Renewed { expires_at } => {
                 println!("renewed expires-at {expires_at}");
                 Ok(ExitCode::SUCCESS)
@@ -114,11 +136,11 @@ pub fn run(runtime: &Runtime, command: Authority) -> Result<ExitCode> {
             }
         },
         Authority::Release {
-            db,
+            store,
             lock,
             lease_id,
             token,
-        } => match open(runtime, &db)?.release(&lock, &lease_id, token.0)? {
+        } => match open(runtime, &store)?.release(&lock, &lease_id, token.0)? {
             ReleaseOutcome::Released => {
                 println!("released");
                 Ok(ExitCode::SUCCESS)
@@ -128,13 +150,13 @@ pub fn run(runtime: &Runtime, command: Authority) -> Result<ExitCode> {
                 Ok(ExitCode::from(BUSY))
             }
         },
-        Authority::Restore { db, at_least } => {
+        Authority::Restore { store, at_least } => {
             let at_least = at_least.unwrap_or_else(|| {
                 std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)
                     .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
             });
-            let floor = open(runtime, &db)?.restore(at_least)?;
+            let floor = open(runtime, &store)?.restore(at_least)?;
             println!("restored epoch-floor {floor}");
             Ok(ExitCode::SUCCESS)
         }
