@@ -239,3 +239,67 @@ fn authority_commands_follow_the_lease_rules() -> Result<()> {
     );
     Ok(())
 }
+
+/// `authority … --postgres URL` runs the PostgreSQL coordinator: acquire,
+/// busy for another holder, release, restore into a new epoch.
+#[test]
+fn authority_on_postgres() -> Result<()> {
+    let server = fencecheck_tests::pgserver::PgServer::start()?;
+    let url = server.url();
+    let run = |args: &[&str]| -> Result<(i32, String)> {
+        let out = fencecheck(args)?;
+        Ok((
+            out.status.code().unwrap_or(-1),
+            String::from_utf8(out.stdout)? + &String::from_utf8(out.stderr)?,
+        ))
+    };
+    let pg = ["--postgres", url.as_str()];
+    let (code, text) = run(&[
+        &["authority", "acquire"],
+        &pg[..],
+        &["report/july", "a7", "60000"],
+    ]
+    .concat())?;
+    ensure!(
+        code == 0 && text.starts_with("acquired report/july lease a7 token "),
+        "{text}"
+    );
+    let token = text
+        .split_whitespace()
+        .nth(5)
+        .context("no token")?
+        .to_string();
+    let (code, text) = run(&[
+        &["authority", "acquire"],
+        &pg[..],
+        &["report/july", "b9", "60000"],
+    ]
+    .concat())?;
+    ensure!(
+        code == 3 && text.starts_with("busy holder a7"),
+        "{code} {text}"
+    );
+    let (code, text) = run(&[
+        &["authority", "release"],
+        &pg[..],
+        &["report/july", "a7", &token],
+    ]
+    .concat())?;
+    ensure!(code == 0 && text.trim() == "released", "{code} {text}");
+    let (code, text) = run(&[&["authority", "restore"], &pg[..], &["--at-least", "9"]].concat())?;
+    ensure!(code == 0 && text.contains('9'), "{code} {text}");
+    let (code, text) = run(&[
+        &["authority", "acquire"],
+        &pg[..],
+        &["report/july", "c1", "60000"],
+    ]
+    .concat())?;
+    ensure!(
+        code == 0 && text.trim_end().ends_with(":9.1"),
+        "{code} {text}"
+    );
+    // Exactly one store must be named.
+    let (code, _) = run(&["authority", "acquire", "report/july", "x", "1"])?;
+    ensure!(code != 0);
+    Ok(())
+}
