@@ -58,12 +58,20 @@ impl Error {
     /// failure (`40001`) or deadlock (`40P01`) rolled the transaction back
     /// and says nothing about the fence. Never true for a fencing outcome
     /// (those are not errors) nor for [`Error::CommitUnknown`].
+    ///
+    /// Also true when such a failure surfaced inside the caller's mutation
+    /// (as a `postgres::Error` it returned): the whole transaction rolled
+    /// back just the same.
     pub fn is_retryable(&self) -> bool {
-        match self {
-            Error::Postgres { source, .. } => source.code().is_some_and(|c| {
+        let transient = |e: &postgres::Error| {
+            e.code().is_some_and(|c| {
                 *c == postgres::error::SqlState::T_R_SERIALIZATION_FAILURE
                     || *c == postgres::error::SqlState::T_R_DEADLOCK_DETECTED
-            }),
+            })
+        };
+        match self {
+            Error::Postgres { source, .. } => transient(source),
+            Error::Mutation(e) => e.downcast_ref::<postgres::Error>().is_some_and(transient),
             _ => false,
         }
     }
