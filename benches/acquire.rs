@@ -1,7 +1,9 @@
 //! Lease acquire latency: `SqliteCoordinator` on a WAL file against
-//! `EtcdCoordinator` on a real 3-member etcd cluster on loopback.
+//! `EtcdCoordinator` on a real 3-member etcd cluster on loopback and
+//! `PostgresCoordinator` on a real PostgreSQL server (fsync on).
 //! Reproduce: `cargo bench -p fencecheck-benches --bench acquire`
-//! (needs `/usr/bin/etcd`: `.ci/install.d/20-etcd.sh`).
+//! (needs `/usr/bin/etcd` and PostgreSQL: `.ci/install.d/20-etcd.sh`,
+//! `60-postgres.sh`).
 //!
 //! Each cycle acquires a free lock with a new lease id and releases it: two
 //! stored decisions. Criterion reports the cycle; before it, a histogram of
@@ -21,7 +23,8 @@ use anyhow::{Result, bail};
 use criterion::{Criterion, SamplingMode, criterion_group, criterion_main};
 use fencecheck::Runtime;
 use fencecheck_authority::{
-    AcquireOutcome, Coordinator, EtcdCoordinator, ReleaseOutcome, SqliteCoordinator, SystemClock,
+    AcquireOutcome, Coordinator, EtcdCoordinator, PostgresCoordinator, ReleaseOutcome,
+    SqliteCoordinator, SystemClock,
 };
 
 const LOCK: &str = "report/july";
@@ -103,16 +106,21 @@ fn bench(c: &mut Criterion) -> Result<()> {
         Arc::new(SystemClock),
     )?;
     let cluster = etcd::Cluster::start(3)?;
-    let etcd = EtcdCoordinator::connect(cluster.endpoints(), runtime, Arc::new(SystemClock))?;
+    let etcd =
+        EtcdCoordinator::connect(cluster.endpoints(), runtime.clone(), Arc::new(SystemClock))?;
+    let pg_server = fencecheck_tests::pgserver::PgServer::start_durable()?;
+    let postgres = PostgresCoordinator::open(&pg_server.url(), runtime, Arc::new(SystemClock))?;
     let mut n = 0;
 
     // Warm both (connections, page cache) before anything is timed.
     for _ in 0..50 {
         cycle(&sqlite, &mut n)?;
         cycle(&etcd, &mut n)?;
+        cycle(&postgres, &mut n)?;
     }
     histogram("sqlite-wal", &sqlite, &mut n)?;
     histogram("etcd-3-members", &etcd, &mut n)?;
+    histogram("postgres", &postgres, &mut n)?;
 
     let mut group = c.benchmark_group("lease/acquire+release");
     group.sampling_mode(SamplingMode::Flat).sample_size(30);
@@ -120,6 +128,7 @@ fn bench(c: &mut Criterion) -> Result<()> {
     for (name, coordinator) in [
         ("sqlite-wal", &sqlite as &dyn Coordinator),
         ("etcd-3-members", &etcd as &dyn Coordinator),
+        ("postgres", &postgres as &dyn Coordinator),
     ] {
         group.bench_function(name, |b| {
             b.iter(|| {

@@ -20,6 +20,7 @@ pub struct PgServer {
     bin: PathBuf,
     run_as: Option<String>,
     port: u16,
+    durable: bool,
 }
 
 fn bin_dir() -> Result<PathBuf> {
@@ -58,8 +59,19 @@ fn free_port() -> Result<u16> {
 }
 
 impl PgServer {
-    /// initdb a new cluster and start it on a free loopback port.
+    /// initdb a new cluster and start it on a free loopback port, fsync off
+    /// (tests: see [`PgServer::pg_ctl_start`]).
     pub fn start() -> Result<Self> {
+        Self::start_with(false)
+    }
+
+    /// The same with PostgreSQL's default durability (fsync on), for
+    /// benchmarks whose numbers must include the commit's flush.
+    pub fn start_durable() -> Result<Self> {
+        Self::start_with(true)
+    }
+
+    fn start_with(durable: bool) -> Result<Self> {
         let bin = bin_dir()?;
         let run_as = if is_root()? {
             Some(
@@ -84,6 +96,7 @@ impl PgServer {
             bin,
             run_as,
             port: free_port()?,
+            durable,
         };
         if let Some(user) = &server.run_as {
             server.check(Command::new("chown").arg(user).arg(&server.root))?;
@@ -144,9 +157,10 @@ impl PgServer {
     /// the machine's power, and WAL replay after `-m immediate` still runs.
     pub fn pg_ctl_start(&self) -> Result<()> {
         let options = format!(
-            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=100",
+            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync={} -c max_connections=100",
             self.port,
-            self.root.display()
+            self.root.display(),
+            if self.durable { "on" } else { "off" }
         );
         self.check(
             self.command("pg_ctl")
