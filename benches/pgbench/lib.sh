@@ -76,7 +76,8 @@ pg_overlay() {
 }
 
 # pg_start [extra postgres -c settings…]: initdb and start; sets PG_ROOT,
-# PGHOST, PGPORT, PGUSER, PGDATABASE for psql and pgbench.
+# PG_POSTMASTER_PID, and PGHOST, PGPORT, PGUSER, PGDATABASE for psql and
+# pgbench.
 pg_start() {
     PG_ROOT=$(mktemp -d /tmp/fencecheck-pgbench.XXXXXX)
     trap pg_stop EXIT
@@ -94,6 +95,7 @@ pg_start() {
     as_pg "$SERVER_BINDIR/pg_ctl" -w -t 60 -D "$PG_ROOT/data" -l "$PG_ROOT/server.log" -o "$opts" start >/dev/null \
         || { cat "$PG_ROOT/server.log" >&2; return 1; }
     export PGHOST=127.0.0.1 PGPORT PGUSER=postgres PGDATABASE=postgres
+    PG_POSTMASTER_PID=$(head -1 "$PG_ROOT/data/postmaster.pid")
     echo "fencecheck.so: $FENCECHECK_LIB ($(stat -c %s "$FENCECHECK_LIB") bytes, md5 $(md5sum <"$FENCECHECK_LIB" | cut -c1-12))"
     if [ "$(stat -c %s "$FENCECHECK_LIB")" -gt 100000000 ]; then
         echo "WARNING: over 100 MB, probably a debug build (scripts/install-pg-extension --release)"
