@@ -4,6 +4,8 @@
 
 #[path = "support/etcd.rs"]
 mod etcd;
+#[path = "support/lease_history.rs"]
+mod lease_history;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,6 +19,7 @@ use fencecheck_authority::{
     AcquireOutcome, AuthorityError, Coordinator, EtcdCoordinator, EtcdOptions, Grant, ManualClock,
     ReleaseOutcome, RenewOutcome,
 };
+use fencecheck_tests::history::check_issued;
 
 const LOCK: &str = "report/july";
 const TTL: u64 = 30_000;
@@ -85,7 +88,9 @@ impl Raw {
 
 /// Acquire, busy, retry, renew, expiry, release and not-owner on the real
 /// cluster; the authority is the cluster id, the same through every member,
-/// and two coordinators on different members see one state.
+/// and two coordinators on different members see one state: the grants etcd
+/// committed pass the shared checker's `check_issued` and are exactly the
+/// acknowledged ones.
 #[test]
 fn grant_rules_on_a_real_cluster() -> Result<()> {
     let cluster = Cluster::start(3)?;
@@ -147,6 +152,28 @@ fn grant_rules_on_a_real_cluster() -> Result<()> {
     // Each lock has its own sequence.
     let other = granted(b.acquire("report/august", "d1", TTL)?)?;
     ensure!(other.token == Token::new(cluster_id, 0, 1));
+
+    let acked =
+        [&first, &second, &third, &other].map(|g| (g.lock.clone(), g.lease_id.clone(), g.token));
+    committed_grants_are(&cluster, &acked)
+}
+
+/// The grants etcd committed for the locks in `acked`, per lock in revision
+/// order, pass `check_issued` and are exactly `acked`.
+fn committed_grants_are(cluster: &Cluster, acked: &[(String, String, Token)]) -> Result<()> {
+    let mut locks: Vec<&str> = acked.iter().map(|(lock, _, _)| lock.as_str()).collect();
+    locks.sort_unstable();
+    locks.dedup();
+    let mut stored = Vec::new();
+    for lock in locks {
+        stored.extend(lease_history::grants(&lease_history::etcd_states(
+            &cluster.endpoint(1),
+            lock,
+        )?)?);
+    }
+    check_issued(&lease_history::issued(&stored))?;
+    lease_history::account(acked, &[], &stored)?;
+    ensure!(stored.len() == acked.len(), "{stored:?}");
     Ok(())
 }
 
@@ -188,30 +215,37 @@ fn endpoints_fail_over_and_bad_options_are_refused() -> Result<()> {
 
 /// Restore raises the floor above every epoch and `at_least`; the next
 /// grant of every lock, and of locks the store never saw, starts the new
-/// epoch; a second restore goes higher still.
+/// epoch; a second restore goes higher still; the committed grants pass
+/// the shared checker's `check_issued`.
 #[test]
 fn restore_starts_a_new_epoch() -> Result<()> {
     let cluster = Cluster::start(3)?;
     let clock = Arc::new(ManualClock::new(0));
     let c = coordinator(cluster.endpoints(), &clock)?;
     let auth = c.authority();
-    let x = granted(c.acquire("x", "x1", TTL)?)?;
-    granted(c.acquire("y", "y1", TTL)?)?;
-    ensure!(c.release("x", "x1", x.token)? == ReleaseOutcome::Released);
+    let mut acked = Vec::new();
+    let mut grant = |lock: &str, lease_id: &str| -> Result<Token> {
+        let g = granted(c.acquire(lock, lease_id, TTL)?)?;
+        acked.push((g.lock, g.lease_id, g.token));
+        Ok(g.token)
+    };
+    let x = grant("x", "x1")?;
+    grant("y", "y1")?;
+    ensure!(c.release("x", "x1", x)? == ReleaseOutcome::Released);
 
     let floor = c.restore(5)?;
     ensure!(floor == 5, "floor {floor}");
-    ensure!(granted(c.acquire("x", "x2", TTL)?)?.token == Token::new(auth, 5, 1));
-    ensure!(granted(c.acquire("new", "n1", TTL)?)?.token == Token::new(auth, 5, 1));
+    ensure!(grant("x", "x2")? == Token::new(auth, 5, 1));
+    ensure!(grant("new", "n1")? == Token::new(auth, 5, 1));
     // y's holder keeps its lease (and may release it) across the restore.
     ensure!(c.release("y", "y1", Token::new(auth, 0, 1))? == ReleaseOutcome::Released);
-    ensure!(granted(c.acquire("y", "y2", TTL)?)?.token == Token::new(auth, 5, 1));
+    ensure!(grant("y", "y2")? == Token::new(auth, 5, 1));
 
     let again = c.restore(0)?;
     ensure!(again == 6, "second floor {again}");
     clock.advance(TTL);
-    ensure!(granted(c.acquire("x", "x3", TTL)?)?.token == Token::new(auth, 6, 1));
-    Ok(())
+    ensure!(grant("x", "x3")? == Token::new(auth, 6, 1));
+    committed_grants_are(&cluster, &acked)
 }
 
 /// A damaged lock state or epoch floor is refused and left as it was; an

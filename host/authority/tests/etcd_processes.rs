@@ -2,11 +2,17 @@
 //! release one lock in a loop on a real 3-member etcd cluster, with and
 //! without faults (SIGKILL of the leader, SIGSTOP of a member). Every
 //! successful acquisition is recorded with CLOCK_MONOTONIC stamps taken
-//! before the request and after the answer; the history must show distinct
-//! tokens, each greater than every token granted before its request started.
+//! before the request and after the answer. Afterwards every lease state
+//! the lock's key held is read back from etcd, revision by revision: the
+//! grants in that (commit) order must pass the shared checker's
+//! `check_issued` (tests/support/history.rs) and match what the clients were
+//! told; and every token must be greater than every token granted before its
+//! request started.
 
 #[path = "support/etcd.rs"]
 mod etcd;
+#[path = "support/lease_history.rs"]
+mod lease_history;
 
 use std::collections::HashSet;
 use std::io::{BufRead, BufReader};
@@ -22,6 +28,7 @@ use fencecheck::{Runtime, Token};
 use fencecheck_authority::{
     AcquireOutcome, Clock, Coordinator, EtcdCoordinator, ManualClock, SystemClock,
 };
+use fencecheck_tests::history::check_issued;
 
 const LOCK: &str = "jobs/nightly";
 /// How long one step of a test may take to show progress (generous: a bound,
@@ -46,6 +53,8 @@ struct Tally {
     grants: Vec<Grant>,
     busy: usize,
     errors: Vec<String>,
+    /// Lease ids of acquisitions that failed: their outcome is unknown.
+    unknown: Vec<String>,
     release_errors: usize,
     done: Vec<usize>,
 }
@@ -118,7 +127,10 @@ impl Clients {
             ["release", _, "released" | "not-owner"] => {}
             ["release", _, "error"] => self.tally.release_errors += 1,
             ["busy"] => self.tally.busy += 1,
-            ["error", ..] => self.tally.errors.push(line.to_owned()),
+            ["error", lease_id, ..] => {
+                self.tally.unknown.push((*lease_id).to_owned());
+                self.tally.errors.push(line.to_owned());
+            }
             ["done", cycles] => self.tally.done.push(cycles.parse()?),
             _ => bail!("process {process} printed an unexpected line: {line:?}"),
         }
@@ -234,6 +246,22 @@ fn check_history(grants: &[Grant], authority: u64) -> Result<usize> {
     Ok(cross)
 }
 
+/// The grants etcd committed, in revision order, pass `check_issued`; each
+/// acknowledged grant is committed with the token its client was told, and
+/// each committed grant was acknowledged or its acquire failed (unknown).
+/// Returns how many grants were committed.
+fn check_store(cluster: &Cluster, tally: &Tally) -> Result<usize> {
+    let stored = lease_history::grants(&lease_history::etcd_states(&cluster.endpoint(0), LOCK)?)?;
+    check_issued(&lease_history::issued(&stored))?;
+    let acked: Vec<(String, String, Token)> = tally
+        .grants
+        .iter()
+        .map(|g| (LOCK.to_owned(), g.lease_id.clone(), g.token))
+        .collect();
+    lease_history::account(&acked, &tally.unknown, &stored)?;
+    Ok(stored.len())
+}
+
 /// After the clients: a new acquisition (on a clock past every client lease)
 /// must still be above every recorded token.
 fn next_grant_is_above(cluster: &Cluster, grants: &[Grant]) -> Result<()> {
@@ -251,10 +279,11 @@ fn next_grant_is_above(cluster: &Cluster, grants: &[Grant]) -> Result<()> {
     Ok(())
 }
 
-fn summary(what: &str, t: &Tally, cross: usize) {
+fn summary(what: &str, t: &Tally, cross: usize, committed: usize) {
     eprintln!(
-        "{what}: {} grants ({} cross-process ordered), {} busy, {} acquire errors, {} release errors, cycles {:?}",
+        "{what}: {} grants ({} committed, {} cross-process ordered), {} busy, {} acquire errors, {} release errors, cycles {:?}",
         t.grants.len(),
+        committed,
         cross,
         t.busy,
         t.errors.len(),
@@ -263,8 +292,9 @@ fn summary(what: &str, t: &Tally, cross: usize) {
     );
 }
 
-/// Two coordinator processes on one lock: every token distinct, and every
-/// token greater than all granted before its request started.
+/// Two coordinator processes on one lock: etcd's committed grants pass the
+/// shared checker and match the acknowledged ones, and every token is
+/// greater than all granted before its request started.
 #[test]
 fn two_processes_issue_increasing_tokens() -> Result<()> {
     let cluster = Cluster::start(3)?;
@@ -273,7 +303,8 @@ fn two_processes_issue_increasing_tokens() -> Result<()> {
     clients.wait_grants(50, "steady state")?;
     let tally = clients.finish()?;
     let cross = check_history(&tally.grants, authority)?;
-    summary("no faults", &tally, cross);
+    let committed = check_store(&cluster, &tally)?;
+    summary("no faults", &tally, cross, committed);
     for p in 0..2 {
         ensure!(
             tally.grants.iter().any(|g| g.process == p),
@@ -322,7 +353,8 @@ fn tokens_stay_increasing_through_leader_kill_and_member_stop() -> Result<()> {
 
     let tally = clients.finish()?;
     let cross = check_history(&tally.grants, authority)?;
-    summary("faults", &tally, cross);
+    let committed = check_store(&cluster, &tally)?;
+    summary("faults", &tally, cross, committed);
     ensure!(
         cross > 0,
         "no grant was ordered after another process's grant"

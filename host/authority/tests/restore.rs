@@ -2,8 +2,9 @@
 //! concurrent coordinators on one database.
 
 mod common;
+#[path = "support/lease_history.rs"]
+mod lease_history;
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -13,6 +14,7 @@ use fencecheck::{Decision, Policy, Request, Token};
 use fencecheck_authority::{
     AcquireOutcome, Coordinator, Grant, ManualClock, ReleaseOutcome, SqliteCoordinator,
 };
+use fencecheck_tests::history::check_issued;
 
 const LOCK: &str = "report/july";
 
@@ -136,14 +138,28 @@ fn repeated_restore_from_one_backup_uses_at_least() -> Result<()> {
 }
 
 /// Several coordinators (own connections, own component instances) on one
-/// database file, acquiring and releasing in a loop from threads: every
-/// token is distinct, and an acquisition that started after another one
-/// finished always got a greater token.
+/// database file, acquiring and releasing in a loop from threads: the
+/// grants the database committed (a trigger logs every stored lease state in
+/// commit order) pass the shared checker's `check_issued`, every
+/// acknowledged grant is committed as told and nothing else was granted, and
+/// an acquisition that started after another one finished always got a
+/// greater token.
 #[test]
 fn concurrent_coordinators_issue_one_increasing_sequence() -> Result<()> {
     let dir = TempDir::new("history")?;
     let db = dir.join("coordinator.db");
     let clock = Arc::new(ManualClock::new(0));
+    // The coordinator's tables, then a log of every state it stores, written
+    // by the decision's own transaction (rowid order = commit order).
+    SqliteCoordinator::open(&db, runtime()?, clock.clone())?;
+    rusqlite::Connection::open(&db)?.execute_batch(
+        "CREATE TABLE lease_log (seq INTEGER PRIMARY KEY AUTOINCREMENT,
+                                 lock TEXT NOT NULL, state BLOB NOT NULL);
+         CREATE TRIGGER lease_log_insert AFTER INSERT ON fencecheck_leases
+         BEGIN INSERT INTO lease_log (lock, state) VALUES (NEW.lock, NEW.state); END;
+         CREATE TRIGGER lease_log_update AFTER UPDATE ON fencecheck_leases
+         BEGIN INSERT INTO lease_log (lock, state) VALUES (NEW.lock, NEW.state); END;",
+    )?;
     // A global logical clock orders events across threads without sleeps.
     let ticks = Arc::new(AtomicU64::new(0));
     // Stop on a global grant count, not a per-worker one: the test is about
@@ -156,7 +172,7 @@ fn concurrent_coordinators_issue_one_increasing_sequence() -> Result<()> {
             let clock = clock.clone();
             let ticks = ticks.clone();
             let granted = granted.clone();
-            std::thread::spawn(move || -> Result<Vec<(u64, u64, Token)>> {
+            std::thread::spawn(move || -> Result<Vec<(u64, u64, String, Token)>> {
                 let coordinator = SqliteCoordinator::open(&db, runtime()?, clock)?;
                 let mut history = Vec::new();
                 let mut attempts = 0u64;
@@ -167,7 +183,7 @@ fn concurrent_coordinators_issue_one_increasing_sequence() -> Result<()> {
                     match coordinator.acquire(LOCK, &id, 60_000)? {
                         AcquireOutcome::Acquired(g) => {
                             let end = ticks.fetch_add(1, Ordering::SeqCst);
-                            history.push((start, end, g.token));
+                            history.push((start, end, id.clone(), g.token));
                             granted.fetch_add(1, Ordering::SeqCst);
                             ensure!(
                                 coordinator.release(LOCK, &id, g.token)?
@@ -185,13 +201,20 @@ fn concurrent_coordinators_issue_one_increasing_sequence() -> Result<()> {
     for h in handles {
         history.extend(h.join().map_err(|_| anyhow::anyhow!("worker panicked"))??);
     }
-    let distinct: BTreeSet<(u64, u64)> = history
+    let states: Vec<(String, Vec<u8>)> = rusqlite::Connection::open(&db)?
+        .prepare("SELECT lock, state FROM lease_log ORDER BY seq")?
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect::<Result<_, _>>()?;
+    let stored = lease_history::grants(&states)?;
+    check_issued(&lease_history::issued(&stored))?;
+    let acked: Vec<(String, String, Token)> = history
         .iter()
-        .map(|(_, _, t)| (t.epoch, t.counter))
+        .map(|(_, _, id, t)| (LOCK.to_owned(), id.clone(), *t))
         .collect();
-    ensure!(distinct.len() == history.len(), "a token was issued twice");
-    for (s1, e1, t1) in &history {
-        for (s2, _, t2) in &history {
+    // Every decision's error ended the test, so no outcome is unknown.
+    lease_history::account(&acked, &[], &stored)?;
+    for (s1, e1, _, t1) in &history {
+        for (s2, _, _, t2) in &history {
             if e1 < s2 {
                 ensure!(
                     t2.grant_order(t1).is_gt(),

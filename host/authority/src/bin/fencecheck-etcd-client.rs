@@ -6,7 +6,8 @@
 //!   with `CLOCK_MONOTONIC` (shared by every process on the machine) read
 //!   just before the request and just after the answer;
 //! - `release LEASE_ID released|not-owner|error`;
-//! - `busy`, `error MESSAGE` for acquisitions that did not grant;
+//! - `busy`, `error LEASE_ID MESSAGE` for acquisitions that did not grant
+//!   (an error's outcome is unknown: it may have granted);
 //! - `done CYCLES` at the end.
 //!
 //! It stops after `--cycles` acquisitions, after `--seconds`, or as soon as
@@ -128,7 +129,10 @@ fn run(args: &Args) -> Result<u64, String> {
                 std::thread::sleep(Duration::from_millis(1));
             }
             Err(e) => {
-                say(format!("error {}", e.to_string().replace('\n', " ")))?;
+                say(format!(
+                    "error {lease_id} {}",
+                    e.to_string().replace('\n', " ")
+                ))?;
                 std::thread::sleep(Duration::from_millis(10));
             }
         }
