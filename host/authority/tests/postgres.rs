@@ -15,6 +15,9 @@ use fencecheck_authority::{
 };
 use fencecheck_tests::pgserver::PgServer;
 
+#[path = "support/lease_history.rs"]
+mod lease_history;
+
 fn coordinator(server: &PgServer, clock: &Arc<ManualClock>) -> Result<PostgresCoordinator> {
     Ok(PostgresCoordinator::open(
         &server.url(),
@@ -99,6 +102,7 @@ fn unknown_layout_is_refused() -> Result<()> {
 #[derive(Clone, Debug)]
 struct Grant {
     lock: String,
+    lease_id: String,
     token: Token,
     sent: Instant,
     answered: Instant,
@@ -117,12 +121,26 @@ fn two_coordinators_never_issue_a_repeated_or_lower_token() -> Result<()> {
         Arc::new(coordinator(&server, &clock)?),
         Arc::new(coordinator(&server, &clock)?),
     ];
+    // Every stored lease state, in the order each lock's row lock let its
+    // writers commit (the log's sequence is taken under that lock).
+    server.client()?.batch_execute(
+        "CREATE TABLE lease_log (seq bigserial PRIMARY KEY, lock text NOT NULL, state bytea NOT NULL);
+         CREATE FUNCTION log_lease() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN INSERT INTO lease_log (lock, state) VALUES (NEW.lock, NEW.state); RETURN NULL; END $$;
+         CREATE TRIGGER lease_log AFTER INSERT OR UPDATE ON fencecheck_leases
+             FOR EACH ROW EXECUTE FUNCTION log_lease();",
+    )?;
     let grants = Arc::new(Mutex::new(Vec::<Grant>::new()));
+    let unknown = Arc::new(Mutex::new(Vec::<String>::new()));
     let stop = Arc::new(AtomicBool::new(false));
     let mut clients = Vec::new();
     for c in 0..8usize {
-        let (coordinator, grants, stop) =
-            (coordinators[c % 2].clone(), grants.clone(), stop.clone());
+        let (coordinator, grants, unknown, stop) = (
+            coordinators[c % 2].clone(),
+            grants.clone(),
+            unknown.clone(),
+            stop.clone(),
+        );
         clients.push(thread::spawn(move || -> Result<usize> {
             let (mut errors, mut mine) = (0, 0);
             // Until 60 grants each, bounded: the outage eats attempts.
@@ -142,6 +160,7 @@ fn two_coordinators_never_issue_a_repeated_or_lower_token() -> Result<()> {
                             .map_err(|_| anyhow::anyhow!("poisoned"))?
                             .push(Grant {
                                 lock: lock.clone(),
+                                lease_id: id.clone(),
                                 token: g.token,
                                 sent,
                                 answered,
@@ -154,6 +173,11 @@ fn two_coordinators_never_issue_a_repeated_or_lower_token() -> Result<()> {
                     // The server is down: the coordinator reconnects on
                     // its next call.
                     Err(e) => {
+                        // It may have committed before the answer was lost.
+                        unknown
+                            .lock()
+                            .map_err(|_| anyhow::anyhow!("poisoned"))?
+                            .push(id.clone());
                         if errors % 50 == 0 {
                             eprintln!("client {c}: {e}");
                         }
@@ -197,11 +221,22 @@ fn two_coordinators_never_issue_a_repeated_or_lower_token() -> Result<()> {
             }
         }
     }
-    let mut issued: Vec<(String, Token)> =
-        grants.iter().map(|g| (g.lock.clone(), g.token)).collect();
-    issued.sort_by(|x, y| x.0.cmp(&y.0).then(x.1.grant_order(&y.1)));
-    issued.dedup();
-    ensure!(issued.len() == grants.len(), "a token was issued twice");
-    fencecheck_tests::history::check_issued(&issued)?;
+    let states: Vec<(String, Vec<u8>)> = server
+        .client()?
+        .query("SELECT lock, state FROM lease_log ORDER BY seq", &[])?
+        .into_iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let stored = lease_history::grants(&states)?;
+    fencecheck_tests::history::check_issued(&lease_history::issued(&stored))?;
+    let acked: Vec<(String, String, Token)> = grants
+        .iter()
+        .map(|g| (g.lock.clone(), g.lease_id.clone(), g.token))
+        .collect();
+    let unknown = unknown
+        .lock()
+        .map_err(|_| anyhow::anyhow!("poisoned"))?
+        .clone();
+    lease_history::account(&acked, &unknown, &stored)?;
     Ok(())
 }
