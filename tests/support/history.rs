@@ -175,3 +175,17 @@ pub fn check_issued(issued: &[(String, Token)]) -> Result<()> {
     }
     Ok(())
 }
+
+/// A small deterministic generator (xorshift) for a load test's choices, one
+/// per client, seeded by the client: no dependency, same run every time.
+pub struct Rng(pub u64);
+
+impl Rng {
+    /// A value in `0..n` (`n` > 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n.max(1)
+    }
+}

@@ -244,6 +244,20 @@ impl PgServer {
     }
 }
 
+/// Connect to `url`, retrying while a server restarts (bounded: 30 s), for
+/// clients of the crash tests.
+pub fn connect_retrying(url: &str) -> Result<postgres::Client> {
+    let mut last = None;
+    for _ in 0..600 {
+        match postgres::Client::connect(url, postgres::NoTls) {
+            Ok(c) => return Ok(c),
+            Err(e) => last = Some(e),
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    bail!("the server did not come back: {last:?}")
+}
+
 impl Drop for PgServer {
     fn drop(&mut self) {
         let _ = self

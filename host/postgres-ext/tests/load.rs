@@ -8,12 +8,12 @@ mod common;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::thread;
-use std::time::Duration;
 
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Context, Result, ensure};
 use common::{protected_catalog, server};
 use fencecheck::Token;
-use fencecheck_tests::history::{self, Attempt, Audited, Kept, Seen};
+use fencecheck_tests::history::{self, Attempt, Audited, Kept, Rng, Seen};
+use fencecheck_tests::pgserver::connect_retrying;
 
 const CLIENTS: usize = 16;
 const SCOPES: usize = 4;
@@ -75,30 +75,6 @@ fn attempt(db: &mut postgres::Client, a: &Attempt) -> Seen {
     }
 }
 
-/// Connect, retrying while the server restarts (bounded).
-fn connect(url: &str) -> Result<postgres::Client> {
-    let mut last = None;
-    for _ in 0..600 {
-        match postgres::Client::connect(url, postgres::NoTls) {
-            Ok(c) => return Ok(c),
-            Err(e) => last = Some(e),
-        }
-        thread::sleep(Duration::from_millis(50));
-    }
-    bail!("server did not come back: {last:?}")
-}
-
-/// A small deterministic generator per client (no external crate needed).
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n
-    }
-}
-
 /// Writers of all four kinds under load, the server killed mid-run and
 /// restarted: per scope, applied tokens never decrease, versions are
 /// contiguous, every acknowledged write is in the audit log at its version,
@@ -140,15 +116,15 @@ fn concurrent_writers_across_a_crash_keep_the_fence() -> Result<()> {
         );
         workers.push(thread::spawn(move || -> Result<()> {
             let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ (c as u64 + 1));
-            let mut db = connect(&url)?;
+            let mut db = connect_retrying(&url)?;
             let mut mine: Vec<Attempt> = Vec::new();
             for op in 0..OPS_PER_CLIENT {
-                let s = rng.next(SCOPES as u64) as usize;
+                let s = rng.below(SCOPES as u64) as usize;
                 let scope = scope_name(s);
                 let payload = format!("c{c}-op{op}");
                 let fresh = || token(issued[s].fetch_add(1, Ordering::SeqCst) + 1);
                 let mut batch = Vec::new();
-                match rng.next(4) {
+                match rng.below(4) {
                     // Current: a newly issued token, above every earlier one.
                     0 => batch.push(Attempt {
                         client: c,
@@ -165,7 +141,7 @@ fn concurrent_writers_across_a_crash_keep_the_fence() -> Result<()> {
                         batch.push(Attempt {
                             client: c,
                             scope,
-                            token: token(now.saturating_sub(1 + rng.next(3)).max(1)),
+                            token: token(now.saturating_sub(1 + rng.below(3)).max(1)),
                             op_id: Some(payload.clone()),
                             expected_version: None,
                             payload,
@@ -209,7 +185,7 @@ fn concurrent_writers_across_a_crash_keep_the_fence() -> Result<()> {
                 for mut a in batch {
                     a.seen = attempt(&mut db, &a);
                     if a.seen == Seen::Unknown {
-                        db = connect(&url)?;
+                        db = connect_retrying(&url)?;
                     }
                     mine.push(a);
                 }
@@ -234,7 +210,7 @@ fn concurrent_writers_across_a_crash_keep_the_fence() -> Result<()> {
             .map_err(|_| anyhow::anyhow!("a client panicked"))??;
     }
 
-    let mut db = connect(&server.url())?;
+    let mut db = connect_retrying(&server.url())?;
     let history = history
         .lock()
         .map_err(|_| anyhow::anyhow!("poisoned"))?

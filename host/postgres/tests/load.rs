@@ -6,13 +6,13 @@
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::thread;
-use std::time::Duration;
 
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Context, Result, ensure};
 use fencecheck::{Policy, Request, Token, TokenText};
 use fencecheck_postgres::{Error, Fenced, fenced_write, install};
-use fencecheck_tests::history::{self, Attempt, Audited, Kept, Seen};
+use fencecheck_tests::history::{self, Attempt, Audited, Kept, Rng, Seen};
 use fencecheck_tests::pgserver::PgServer;
+use fencecheck_tests::pgserver::connect_retrying;
 
 const CLIENTS: usize = 32;
 const SCOPES: usize = 10;
@@ -23,29 +23,6 @@ fn token(counter: u64) -> Token {
         authority: 0,
         epoch: 1,
         counter,
-    }
-}
-
-/// Connect, retrying while the server restarts (bounded).
-fn connect(url: &str) -> Result<postgres::Client> {
-    let mut last = None;
-    for _ in 0..600 {
-        match postgres::Client::connect(url, postgres::NoTls) {
-            Ok(c) => return Ok(c),
-            Err(e) => last = Some(e),
-        }
-        thread::sleep(Duration::from_millis(50));
-    }
-    bail!("server did not come back: {last:?}")
-}
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n
     }
 }
 
@@ -119,11 +96,11 @@ fn thirty_two_clients_across_a_crash() -> Result<()> {
         );
         workers.push(thread::spawn(move || -> Result<()> {
             let mut rng = Rng(0xD1B5_4A32_D192_ED03 ^ (c as u64 + 1));
-            let mut db = connect(&url)?;
+            let mut db = connect_retrying(&url)?;
             let mut guest = fencecheck_tests::runtime()?.instance()?;
             let mut mine: Vec<Attempt> = Vec::new();
             for op in 0..OPS_PER_CLIENT {
-                let s = rng.next(SCOPES as u64) as usize;
+                let s = rng.below(SCOPES as u64) as usize;
                 let scope = format!("scope-{s}");
                 let payload = format!("c{c}-op{op}");
                 let fresh = || token(issued[s].fetch_add(1, Ordering::SeqCst) + 1);
@@ -136,7 +113,7 @@ fn thirty_two_clients_across_a_crash() -> Result<()> {
                     payload: payload.clone(),
                     seen: Seen::Unknown,
                 };
-                let batch = match rng.next(4) {
+                let batch = match rng.below(4) {
                     0 => vec![Attempt {
                         token: fresh(),
                         ..base
@@ -144,7 +121,7 @@ fn thirty_two_clients_across_a_crash() -> Result<()> {
                     1 => {
                         let now = issued[s].load(Ordering::SeqCst);
                         vec![Attempt {
-                            token: token(now.saturating_sub(rng.next(3)).max(1)),
+                            token: token(now.saturating_sub(rng.below(3)).max(1)),
                             ..base
                         }]
                     }
@@ -196,7 +173,7 @@ fn thirty_two_clients_across_a_crash() -> Result<()> {
                         || matches!(a.seen, Seen::Unknown)
                         || matches!(&a.seen, Seen::Refused(w) if w.starts_with("error"))
                     {
-                        db = connect(&url)?;
+                        db = connect_retrying(&url)?;
                     }
                     mine.push(a);
                 }
@@ -223,7 +200,7 @@ fn thirty_two_clients_across_a_crash() -> Result<()> {
         .lock()
         .map_err(|_| anyhow::anyhow!("poisoned"))?
         .clone();
-    let mut db = connect(&server.url())?;
+    let mut db = connect_retrying(&server.url())?;
     let mut kept = Kept::default();
     for r in db.query("SELECT scope, version, payload, token FROM audit", &[])? {
         let text: String = r.get(3);
