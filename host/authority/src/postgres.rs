@@ -4,11 +4,11 @@
 
 use std::sync::{Arc, Mutex, PoisonError};
 
-use fencecheck::{Instance, Runtime, Token};
+use fencecheck::{Instance, Runtime};
 use postgres::{Client, NoTls, Transaction};
 
 use crate::rules::{self, Decided, Read};
-use crate::{AcquireOutcome, AuthorityError, Clock, Coordinator, ReleaseOutcome, RenewOutcome};
+use crate::{AuthorityError, Clock};
 
 /// The coordinator's layout number: `authority-layout` in `fencecheck_meta`
 /// (the resource layout's table, host/postgres/schema.sql, same definition).
@@ -225,46 +225,11 @@ fn store(
     Ok(inserted == 1)
 }
 
-impl Coordinator for PostgresCoordinator {
-    fn authority(&self) -> u64 {
-        self.authority
-    }
+rules::transactional_coordinator!(PostgresCoordinator);
 
-    fn acquire(
-        &self,
-        lock: &str,
-        lease_id: &str,
-        ttl_ms: u64,
-    ) -> Result<AcquireOutcome, AuthorityError> {
-        self.decide(lock, |guest, read| {
-            rules::acquire(guest, read, self.authority, lock, lease_id, ttl_ms)
-        })
-    }
-
-    fn renew(
-        &self,
-        lock: &str,
-        lease_id: &str,
-        token: Token,
-        ttl_ms: u64,
-    ) -> Result<RenewOutcome, AuthorityError> {
-        self.decide(lock, |guest, read| {
-            rules::renew(guest, read, lease_id, token, ttl_ms)
-        })
-    }
-
-    fn release(
-        &self,
-        lock: &str,
-        lease_id: &str,
-        token: Token,
-    ) -> Result<ReleaseOutcome, AuthorityError> {
-        self.decide(lock, |guest, read| {
-            rules::release(guest, read, lease_id, token)
-        })
-    }
-
-    fn restore(&self, at_least: u64) -> Result<u64, AuthorityError> {
+impl PostgresCoordinator {
+    /// Raise the epoch floor (see [`crate::Coordinator::restore`]).
+    fn restore_floor(&self, at_least: u64) -> Result<u64, AuthorityError> {
         self.with_connection(|client, guest| {
             let mut tx = client.transaction()?;
             // FOR UPDATE on the floor waits for every decision in flight (they

@@ -125,3 +125,56 @@ pub(crate) fn restored_floor<'s>(
     }
     Ok(next)
 }
+
+/// `Coordinator::{authority, acquire, renew, release}` for a store whose
+/// `decide(lock, |guest, read| …)` runs one decision in one transaction and
+/// whose `restore_floor(at_least)` restores: the rules are the component's,
+/// so every such store states them once, here.
+macro_rules! transactional_coordinator {
+    ($store:ty) => {
+        impl $crate::Coordinator for $store {
+            fn authority(&self) -> u64 {
+                self.authority
+            }
+
+            fn acquire(
+                &self,
+                lock: &str,
+                lease_id: &str,
+                ttl_ms: u64,
+            ) -> Result<$crate::AcquireOutcome, $crate::AuthorityError> {
+                self.decide(lock, |guest, read| {
+                    $crate::rules::acquire(guest, read, self.authority, lock, lease_id, ttl_ms)
+                })
+            }
+
+            fn renew(
+                &self,
+                lock: &str,
+                lease_id: &str,
+                token: fencecheck::Token,
+                ttl_ms: u64,
+            ) -> Result<$crate::RenewOutcome, $crate::AuthorityError> {
+                self.decide(lock, |guest, read| {
+                    $crate::rules::renew(guest, read, lease_id, token, ttl_ms)
+                })
+            }
+
+            fn release(
+                &self,
+                lock: &str,
+                lease_id: &str,
+                token: fencecheck::Token,
+            ) -> Result<$crate::ReleaseOutcome, $crate::AuthorityError> {
+                self.decide(lock, |guest, read| {
+                    $crate::rules::release(guest, read, lease_id, token)
+                })
+            }
+
+            fn restore(&self, at_least: u64) -> Result<u64, $crate::AuthorityError> {
+                self.restore_floor(at_least)
+            }
+        }
+    };
+}
+pub(crate) use transactional_coordinator;

@@ -5,11 +5,11 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use fencecheck::{Instance, Runtime, Token};
+use fencecheck::{Instance, Runtime};
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 use crate::rules::{self, Decided, Read};
-use crate::{AcquireOutcome, AuthorityError, Clock, Coordinator, ReleaseOutcome, RenewOutcome};
+use crate::{AuthorityError, Clock};
 
 /// The coordinator's layout number, kept under `authority-layout` in
 /// `fencecheck_meta` (the table the resource layout, `host/sqlite/schema.sql`,
@@ -190,46 +190,11 @@ impl SqliteCoordinator {
     }
 }
 
-impl Coordinator for SqliteCoordinator {
-    fn authority(&self) -> u64 {
-        self.authority
-    }
+rules::transactional_coordinator!(SqliteCoordinator);
 
-    fn acquire(
-        &self,
-        lock: &str,
-        lease_id: &str,
-        ttl_ms: u64,
-    ) -> Result<AcquireOutcome, AuthorityError> {
-        self.decide(lock, |guest, read| {
-            rules::acquire(guest, read, self.authority, lock, lease_id, ttl_ms)
-        })
-    }
-
-    fn renew(
-        &self,
-        lock: &str,
-        lease_id: &str,
-        token: Token,
-        ttl_ms: u64,
-    ) -> Result<RenewOutcome, AuthorityError> {
-        self.decide(lock, |guest, read| {
-            rules::renew(guest, read, lease_id, token, ttl_ms)
-        })
-    }
-
-    fn release(
-        &self,
-        lock: &str,
-        lease_id: &str,
-        token: Token,
-    ) -> Result<ReleaseOutcome, AuthorityError> {
-        self.decide(lock, |guest, read| {
-            rules::release(guest, read, lease_id, token)
-        })
-    }
-
-    fn restore(&self, at_least: u64) -> Result<u64, AuthorityError> {
+impl SqliteCoordinator {
+    /// Raise the epoch floor (see [`crate::Coordinator::restore`]).
+    fn restore_floor(&self, at_least: u64) -> Result<u64, AuthorityError> {
         let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
         let Inner { conn, guest } = &mut *inner;
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
