@@ -271,6 +271,11 @@ impl Blobs {
 impl BlobWriter {
     /// Append a chunk.
     pub async fn write(&mut self, chunk: Bytes) -> Result<(), Error> {
+        // Pingora's server hands out empty chunks at times; written chunked
+        // to the upstream, an empty chunk would END the body there.
+        if chunk.is_empty() {
+            return Ok(());
+        }
         match self {
             BlobWriter::File(file) => file.write_all(&chunk).await.map_err(io("writing a blob")),
             BlobWriter::Upstream(session) => session

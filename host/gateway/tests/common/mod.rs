@@ -12,6 +12,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 
+pub mod nginx;
+
 /// A running gateway; killed on drop.
 pub struct Gateway {
     pub child: Child,
