@@ -396,6 +396,20 @@ impl Gateway {
             Ok(object) => object,
             Err(e) => return Ok(Reply::unavailable(&e)),
         };
+        // A client that asked (`Expect: 100-continue`, curl does for large
+        // bodies) sends the body only now, after the early check passed.
+        let expects = session
+            .req_header()
+            .headers
+            .get("expect")
+            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+        if expects {
+            let go = ResponseHeader::build(100, None)?;
+            session
+                .as_downstream_mut()
+                .write_response_header(Box::new(go))
+                .await?;
+        }
         if let Err(failure) = self.receive(session, object, declared).await {
             self.cleanup(object).await;
             session.set_keepalive(None);
