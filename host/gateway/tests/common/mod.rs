@@ -78,32 +78,53 @@ impl Gateway {
         headers: &[(&str, &str)],
         length: Option<usize>,
     ) -> anyhow::Result<Open> {
-        let stream = TcpStream::connect(&self.addr)?;
-        stream.set_read_timeout(Some(Duration::from_secs(30)))?;
-        let mut head = format!(
-            "{method} {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n",
-            self.addr
-        );
-        for (name, value) in headers {
-            head.push_str(&format!("{name}: {value}\r\n"));
-        }
-        match length {
-            Some(n) => head.push_str(&format!("Content-Length: {n}\r\n")),
-            None => head.push_str("Transfer-Encoding: chunked\r\n"),
-        }
-        head.push_str("\r\n");
-        let mut open = Open {
-            stream,
-            chunked: length.is_none(),
-        };
-        open.stream.write_all(head.as_bytes())?;
-        Ok(open)
+        open_to(&self.addr, method, path, headers, length)
     }
 
     /// Files in the blob directory.
     pub fn blob_count(&self) -> anyhow::Result<usize> {
         Ok(std::fs::read_dir(self.data.join("blobs"))?.count())
     }
+}
+
+/// One request to `addr` on a fresh connection.
+pub fn request_to(
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> anyhow::Result<Response> {
+    let mut open = open_to(addr, method, path, headers, Some(body.len()))?;
+    open.send(body)?;
+    open.finish()
+}
+
+/// Start a request to `addr`, body not sent yet.
+pub fn open_to(
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    length: Option<usize>,
+) -> anyhow::Result<Open> {
+    let stream = TcpStream::connect(addr)?;
+    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    for (name, value) in headers {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    match length {
+        Some(n) => head.push_str(&format!("Content-Length: {n}\r\n")),
+        None => head.push_str("Transfer-Encoding: chunked\r\n"),
+    }
+    head.push_str("\r\n");
+    let mut open = Open {
+        stream,
+        chunked: length.is_none(),
+    };
+    open.stream.write_all(head.as_bytes())?;
+    Ok(open)
 }
 
 impl Drop for Gateway {
