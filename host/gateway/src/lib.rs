@@ -10,12 +10,14 @@
 //!
 //! Blobs live in a directory or on an HTTP file server with WebDAV PUT and
 //! DELETE ([`Blobs`]); the [`Collector`] deletes unpublished ones after a
-//! retention window.
+//! retention window. `POST /v1/locks/{lock}/acquire|renew|release` hands
+//! out leases and their tokens from a coordinator (`fencecheck-authority`).
 
 mod blobs;
 mod collector;
 mod error;
 mod key;
+mod locks;
 mod metrics;
 mod proxy;
 mod store;
@@ -24,6 +26,7 @@ pub use blobs::{BlobReader, BlobWriter, Blobs, Upstream};
 pub use collector::Collector;
 pub use error::Error;
 pub use key::{KeyError, validate_key};
+pub use locks::{LockReply, MAX_LOCK_BODY, handle as handle_lock};
 pub use metrics::Metrics;
 pub use proxy::{Config, Ctx, Gateway};
 pub use store::{Current, Kind, Store};

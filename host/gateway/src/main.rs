@@ -7,6 +7,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Parser;
 use fencecheck::{Limits, Runtime};
+use fencecheck_authority::{Coordinator, SqliteCoordinator, SystemClock};
 use fencecheck_gateway::{Blobs, Collector, Config, Gateway, Metrics, Store, Upstream};
 use pingora::server::Server;
 use pingora::server::configuration::ServerConf;
@@ -18,8 +19,9 @@ struct Args {
     /// Address to listen on (keep it on loopback unless fronted by TLS).
     #[arg(long, default_value = "127.0.0.1:8080")]
     listen: String,
-    /// Directory for the SQLite database of pointers and fences, and for
-    /// blobs (in DIR/blobs) unless --upstream is given.
+    /// Directory for the SQLite databases (pointers and fences in
+    /// fencecheck.db, leases in locks.db), and for blobs (in DIR/blobs)
+    /// unless --upstream is given.
     #[arg(long)]
     data: PathBuf,
     /// Keep blobs on this HTTP file server (WebDAV PUT/GET/DELETE), e.g.
@@ -66,6 +68,16 @@ fn main() -> anyhow::Result<()> {
             .with_context(|| format!("loading the component {}", path.display()))?,
         None => Runtime::new().context("loading the embedded component")?,
     };
+    std::fs::create_dir_all(&args.data)
+        .with_context(|| format!("creating {}", args.data.display()))?;
+    let coordinator: Arc<dyn Coordinator> = Arc::new(
+        SqliteCoordinator::open(
+            &args.data.join("locks.db"),
+            runtime.clone(),
+            Arc::new(SystemClock),
+        )
+        .context("opening the lease coordinator")?,
+    );
     let store = Arc::new(
         Store::open(&args.data, runtime)
             .with_context(|| format!("opening the store in {}", args.data.display()))?,
@@ -96,7 +108,7 @@ fn main() -> anyhow::Result<()> {
     server.bootstrap();
     let mut service = pingora::proxy::http_proxy_service(
         &server.configuration,
-        Gateway::new(store.clone(), blobs.clone(), config, metrics),
+        Gateway::new(store.clone(), blobs.clone(), coordinator, config, metrics),
     );
     service.add_tcp(&args.listen);
     server.add_service(service);

@@ -17,6 +17,7 @@ use tokio::sync::Semaphore;
 use crate::blobs::Blobs;
 use crate::error::Error;
 use crate::key::validate_key;
+use crate::locks::{self, MAX_LOCK_BODY};
 use crate::metrics::Metrics;
 use crate::store::{Kind, Store};
 
@@ -45,16 +46,19 @@ impl Default for Config {
 pub struct Gateway {
     store: Arc<Store>,
     blobs: Arc<Blobs>,
+    coordinator: Arc<dyn fencecheck_authority::Coordinator>,
     config: Config,
     metrics: Arc<Metrics>,
     in_flight: Arc<Semaphore>,
 }
 
 impl Gateway {
-    /// A gateway over `store` (pointers, fences) and `blobs` (bytes).
+    /// A gateway over `store` (pointers, fences) and `blobs` (bytes), with
+    /// lease endpoints on `coordinator`.
     pub fn new(
         store: Arc<Store>,
         blobs: Arc<Blobs>,
+        coordinator: Arc<dyn fencecheck_authority::Coordinator>,
         config: Config,
         metrics: Arc<Metrics>,
     ) -> Self {
@@ -62,6 +66,7 @@ impl Gateway {
         Self {
             store,
             blobs,
+            coordinator,
             config,
             metrics,
             in_flight,
@@ -333,9 +338,82 @@ impl Gateway {
                     },
                 }
             }
+            ("POST", p) if p.starts_with("/v1/locks/") => {
+                ctx.op = "lock";
+                self.lock(session, &path["/v1/locks/".len()..], has_query)
+                    .await?
+            }
             _ => Reply::problem(404, "not-found", "no such route", json!({})),
         };
         self.send(session, ctx, reply).await
+    }
+
+    /// `POST /v1/locks/{lock}/{action}`: a bounded JSON body, one decision.
+    async fn lock(
+        &self,
+        session: &mut Session,
+        rest: &str,
+        has_query: bool,
+    ) -> pingora::Result<Reply> {
+        let Some((lock, action)) = rest.rsplit_once('/') else {
+            return Ok(Reply::problem(
+                404,
+                "not-found",
+                "use /v1/locks/{lock}/acquire|renew|release",
+                json!({}),
+            ));
+        };
+        if has_query {
+            return Ok(Reply::bad_request("lock URLs take no query string"));
+        }
+        let lock = match validate_key(lock) {
+            Ok(lock) => lock.to_owned(),
+            Err(e) => return Ok(Reply::bad_request(&e.to_string())),
+        };
+        let mut body = Vec::new();
+        loop {
+            let chunk =
+                match tokio::time::timeout(self.config.body_timeout, session.read_request_body())
+                    .await
+                {
+                    Err(_) => {
+                        session.set_keepalive(None);
+                        return Ok(Reply::problem(
+                            408,
+                            "body-timeout",
+                            "the request body stalled",
+                            json!({}),
+                        ));
+                    }
+                    Ok(chunk) => chunk?,
+                };
+            let Some(chunk) = chunk else { break };
+            if body.len() + chunk.len() > MAX_LOCK_BODY {
+                session.set_keepalive(None);
+                return Ok(too_large(MAX_LOCK_BODY as u64));
+            }
+            body.extend_from_slice(&chunk);
+        }
+        let (coordinator, action) = (self.coordinator.clone(), action.to_owned());
+        let answer =
+            tokio::task::spawn_blocking(move || locks::handle(&coordinator, &lock, &action, &body))
+                .await;
+        Ok(match answer {
+            Ok(r) => {
+                let kind = if r.status >= 400 {
+                    "application/problem+json"
+                } else {
+                    "application/json"
+                };
+                let mut reply = Reply::new(r.status, r.outcome).header("Content-Type", kind);
+                if r.status == 503 {
+                    reply = reply.header("Retry-After", "1");
+                }
+                reply.body = Bytes::from(r.body.to_string());
+                reply
+            }
+            Err(e) => Reply::unavailable(&Error::Task(e.to_string())),
+        })
     }
 
     async fn send(
