@@ -12,6 +12,8 @@
 //! DELETE ([`Blobs`]); the [`Collector`] deletes unpublished ones after a
 //! retention window. `POST /v1/locks/{lock}/acquire|renew|release` hands
 //! out leases and their tokens from a coordinator (`fencecheck-authority`).
+//! SIGHUP reloads the component once the new one passes the conformance
+//! vectors ([`Reloader`]).
 
 mod blobs;
 mod collector;
@@ -20,6 +22,7 @@ mod key;
 mod locks;
 mod metrics;
 mod proxy;
+mod reload;
 mod store;
 
 pub use blobs::{BlobReader, BlobWriter, Blobs, Upstream};
@@ -29,4 +32,5 @@ pub use key::{KeyError, validate_key};
 pub use locks::{LockReply, MAX_LOCK_BODY, handle as handle_lock};
 pub use metrics::Metrics;
 pub use proxy::{Config, Ctx, Gateway};
+pub use reload::{Reloader, VECTORS, vetted};
 pub use store::{Current, Kind, Store};

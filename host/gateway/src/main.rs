@@ -6,9 +6,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
-use fencecheck::{Limits, Runtime};
 use fencecheck_authority::{Coordinator, SqliteCoordinator, SystemClock};
-use fencecheck_gateway::{Blobs, Collector, Config, Gateway, Metrics, Store, Upstream};
+use fencecheck_gateway::{Blobs, Collector, Config, Gateway, Metrics, Reloader, Store, Upstream};
 use pingora::server::Server;
 use pingora::server::configuration::ServerConf;
 
@@ -31,7 +30,8 @@ struct Args {
     /// Seconds for connecting to the upstream and for each read or write.
     #[arg(long, default_value_t = 10)]
     upstream_timeout: u64,
-    /// A fencecheck component to load instead of the embedded one.
+    /// A fencecheck component to load instead of the embedded one (it must
+    /// pass the conformance vectors; SIGHUP reloads it from this path).
     #[arg(long)]
     component: Option<PathBuf>,
     /// Largest accepted request body, in bytes.
@@ -63,11 +63,9 @@ fn main() -> anyhow::Result<()> {
         )
         .init();
     let args = Args::parse();
-    let runtime = match &args.component {
-        Some(path) => Runtime::from_file(path, Limits::default())
-            .with_context(|| format!("loading the component {}", path.display()))?,
-        None => Runtime::new().context("loading the embedded component")?,
-    };
+    // The component must pass the conformance vectors before it serves.
+    let runtime = fencecheck_gateway::vetted(args.component.as_deref())
+        .map_err(|e| anyhow::anyhow!("refusing the component: {e}"))?;
     std::fs::create_dir_all(&args.data)
         .with_context(|| format!("creating {}", args.data.display()))?;
     let coordinator: Arc<dyn Coordinator> = Arc::new(
@@ -100,6 +98,7 @@ fn main() -> anyhow::Result<()> {
         max_in_flight: args.max_in_flight,
     };
     let metrics = Arc::new(Metrics::new().context("registering metrics")?);
+    let reloader = Reloader::new(store.clone(), args.component.clone(), metrics.clone());
     let conf = ServerConf {
         threads: args.threads,
         ..ServerConf::default()
@@ -122,6 +121,9 @@ fn main() -> anyhow::Result<()> {
     server.add_service(pingora::services::background::background_service(
         "collector",
         collector,
+    ));
+    server.add_service(pingora::services::background::background_service(
+        "reloader", reloader,
     ));
     tracing::info!(listen = %args.listen, data = %args.data.display(), "serving");
     server.run_forever()

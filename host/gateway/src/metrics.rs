@@ -16,6 +16,7 @@ pub struct Metrics {
     registry: Registry,
     decisions: IntCounterVec,
     latency: HistogramVec,
+    reloads: IntCounterVec,
 }
 
 impl Metrics {
@@ -37,12 +38,21 @@ impl Metrics {
             .buckets(prometheus::exponential_buckets(0.0001, 2.0, 18)?),
             &["op", "status"],
         )?;
+        let reloads = IntCounterVec::new(
+            Opts::new(
+                "fencecheck_gateway_reloads_total",
+                "Component reloads by result (ok, refused)",
+            ),
+            &["result"],
+        )?;
+        registry.register(Box::new(reloads.clone()))?;
         registry.register(Box::new(decisions.clone()))?;
         registry.register(Box::new(latency.clone()))?;
         Ok(Self {
             registry,
             decisions,
             latency,
+            reloads,
         })
     }
 
@@ -70,6 +80,11 @@ impl Metrics {
         self.latency
             .with_label_values(&[op, class])
             .observe(elapsed.as_secs_f64());
+    }
+
+    /// Count one reload attempt.
+    pub fn reloaded(&self, result: &str) {
+        self.reloads.with_label_values(&[result]).inc();
     }
 
     /// The text exposition format.

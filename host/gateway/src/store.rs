@@ -44,12 +44,15 @@ pub struct Current {
 struct Slot {
     conn: Connection,
     guest: Instance,
+    /// The component generation `guest` was made from.
+    generation: u64,
 }
 
 /// SQLite connections with their component instances, and the blob directory.
 pub struct Store {
     db: PathBuf,
-    runtime: Runtime,
+    /// The current component and its generation (bumped by each swap).
+    runtime: std::sync::RwLock<(u64, Runtime)>,
     pool: Mutex<Vec<Slot>>,
 }
 
@@ -59,7 +62,7 @@ impl Store {
         std::fs::create_dir_all(dir).map_err(io("creating the data directory"))?;
         let store = Self {
             db: dir.join("fencecheck.db"),
-            runtime,
+            runtime: std::sync::RwLock::new((0, runtime)),
             pool: Mutex::new(Vec::new()),
         };
         let slot = store.connect()?;
@@ -79,12 +82,38 @@ impl Store {
             .map_err(sqlite("enabling WAL"))?;
         conn.pragma_update(None, "synchronous", "FULL")
             .map_err(sqlite("setting synchronous"))?;
-        let guest = self.runtime.instance()?;
-        Ok(Slot { conn, guest })
+        let (generation, runtime) = self.current_runtime()?;
+        let guest = runtime.instance()?;
+        Ok(Slot {
+            conn,
+            guest,
+            generation,
+        })
+    }
+
+    fn current_runtime(&self) -> Result<(u64, Runtime), Error> {
+        self.runtime
+            .read()
+            .map(|r| (r.0, r.1.clone()))
+            .map_err(|_| Error::Task("the component lock is poisoned".into()))
+    }
+
+    /// Use `runtime` for every check from now on. Slots in use finish their
+    /// call on the old component and are dropped when returned.
+    pub fn swap(&self, runtime: Runtime) {
+        if let Ok(mut current) = self.runtime.write() {
+            *current = (current.0 + 1, runtime);
+        }
+        if let Ok(mut pool) = self.pool.lock() {
+            pool.clear();
+        }
     }
 
     fn put_back(&self, slot: Slot) {
-        if let Ok(mut pool) = self.pool.lock() {
+        let current = self.runtime.read().map(|r| r.0).ok();
+        if current == Some(slot.generation)
+            && let Ok(mut pool) = self.pool.lock()
+        {
             pool.push(slot);
         }
     }
