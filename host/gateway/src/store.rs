@@ -54,6 +54,10 @@ pub struct Store {
     /// The current component and its generation (bumped by each swap).
     runtime: std::sync::RwLock<(u64, Runtime)>,
     pool: Mutex<Vec<Slot>>,
+    /// Writers queue here rather than in SQLite's busy handler, which
+    /// sleeps and retries (slow under contention); SQLite still arbitrates
+    /// between processes.
+    writer: Mutex<()>,
 }
 
 impl Store {
@@ -64,6 +68,7 @@ impl Store {
             db: dir.join("fencecheck.db"),
             runtime: std::sync::RwLock::new((0, runtime)),
             pool: Mutex::new(Vec::new()),
+            writer: Mutex::new(()),
         };
         let slot = store.connect()?;
         fencecheck_sqlite::install(&slot.conn)?;
@@ -154,17 +159,20 @@ impl Store {
             Kind::Blob => format!("blob {fence}"),
             Kind::Tombstone => format!("tombstone {fence}"),
         };
+        let _turn = self.writer.lock();
         self.with(|conn, _| Ok(stage(conn, scope, &name, b"", SystemTime::now())?))
     }
 
     /// The fenced publish: check and move the pointer in one transaction.
     pub fn publish(&self, request: &Request, object: ObjectId) -> Result<Fenced<()>, Error> {
+        let _turn = self.writer.lock();
         self.with(|conn, guest| Ok(publish(conn, guest, request, object, SystemTime::now())?))
     }
 
     /// Drop the row of an object that was not published, unless a pointer
     /// references it; `true` if it is gone (its blob may go too).
     pub fn discard(&self, object: ObjectId) -> Result<bool, Error> {
+        let _turn = self.writer.lock();
         self.with(|conn, _| Ok(discard(conn, object)?))
     }
 
