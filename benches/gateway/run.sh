@@ -52,5 +52,5 @@ for size in 4096 1048576; do
   wrk -t2 -c64 -d"${secs}s" --latency -s "$here/put.lua" "http://127.0.0.1:$PX" -- "$size" /blobs/p | grep -E "Requests/sec|99%|Non-2xx|Transfer"
   echo "== PUT $size via fencecheck-gateway (fenced)"
   wrk -t2 -c64 -d"${secs}s" --latency -s "$here/put.lua" "http://127.0.0.1:$GW" -- "$size" /objects/k fenced | grep -E "Requests/sec|99%|Non-2xx|Transfer"
-  rm -f "$work"/dav/root/blobs/p*
+  find "$work/dav/root/blobs" -name "p*" -delete
 done
