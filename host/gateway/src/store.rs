@@ -160,7 +160,11 @@ impl Store {
             Kind::Tombstone => format!("tombstone {fence}"),
         };
         let _turn = self.writer.lock();
-        self.with(|conn, _| Ok(stage(conn, scope, &name, b"", SystemTime::now())?))
+        self.with(|conn, _| {
+            relaxed(conn, |conn| {
+                Ok(stage(conn, scope, &name, b"", SystemTime::now())?)
+            })
+        })
     }
 
     /// The fenced publish: check and move the pointer in one transaction.
@@ -173,7 +177,7 @@ impl Store {
     /// references it; `true` if it is gone (its blob may go too).
     pub fn discard(&self, object: ObjectId) -> Result<bool, Error> {
         let _turn = self.writer.lock();
-        self.with(|conn, _| Ok(discard(conn, object)?))
+        self.with(|conn, _| relaxed(conn, |conn| Ok(discard(conn, object)?)))
     }
 
     /// The key's visible version, if any (tombstones included).
@@ -240,6 +244,28 @@ impl Store {
                 })
         })
     }
+}
+
+/// Run `f` with `synchronous=NORMAL`: its commit is not fsynced on its own.
+/// Safe for staging and discarding: a WAL commit is durable once any later
+/// commit is synced, so a publish (FULL) makes the staging before it durable
+/// too, and a lost staging or discard only leaves work for the collector.
+/// The connection is back at FULL afterwards, or it is not reused.
+fn relaxed<T>(
+    conn: &mut Connection,
+    f: impl FnOnce(&mut Connection) -> Result<T, Error>,
+) -> Result<T, Error> {
+    let sync = |conn: &Connection, level: &str| {
+        conn.pragma_update(None, "synchronous", level)
+            .map_err(|source| Error::Sqlite {
+                doing: "setting synchronous",
+                source,
+            })
+    };
+    sync(conn, "NORMAL")?;
+    let result = f(conn);
+    sync(conn, "FULL")?;
+    result
 }
 
 fn current(conn: &Connection, scope: &str) -> Result<Option<Current>, Error> {
