@@ -381,3 +381,23 @@ fn collector_removes_orphans() -> anyhow::Result<()> {
     }
     assert_visible(&gw, "c", b"kept", 1)
 }
+
+/// Over `--max-in-flight`, object requests get 503 with Retry-After at once
+/// (never a verdict on the token), and are served again once one finishes.
+#[test]
+fn in_flight_bound_is_503() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let gw = Gateway::start(dir.path(), &["--max-in-flight", "1"])?;
+    let mut slow = gw.open("PUT", "/objects/busy", &[("Fence-Token", "0.1")], Some(4))?;
+    slow.send(b"ab")?;
+    std::thread::sleep(Duration::from_millis(200));
+    let r = put(&gw, "other", "0.1", b"x")?;
+    ensure!(
+        r.status == 503 && r.header("retry-after") == Some("1"),
+        "{r:?}"
+    );
+    slow.send(b"cd")?;
+    ensure!(slow.finish()?.status == 201);
+    ensure!(put(&gw, "other", "0.1", b"x")?.status == 201);
+    Ok(())
+}
