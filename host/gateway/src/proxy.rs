@@ -423,6 +423,11 @@ impl Gateway {
         reply: Reply,
     ) -> pingora::Result<()> {
         ctx.outcome = reply.outcome;
+        // Answered before the body was read (refused early): close rather
+        // than let the server drain an arbitrarily large body for reuse.
+        if !session.as_downstream_mut().is_body_done() {
+            session.set_keepalive(None);
+        }
         let mut header = ResponseHeader::build(reply.status, Some(reply.headers.len() + 1))?;
         for (name, value) in reply.headers {
             header.insert_header(name, value)?;
