@@ -1,0 +1,23 @@
+-- wrk script: PUT a body of SIZE bytes (arg 1) under PREFIX (arg 2).
+-- Plain: a fresh path per request (nginx WebDAV). "fenced" (arg 3): one of
+-- 64 keys per thread, Fence-Token 0.1 and a unique Idempotency-Key, so every
+-- request is applied (allow-equal, guarded by its op-id).
+local counter = 0
+function setup(thread)
+  threads = (threads or 0) + 1
+  thread:set("tid", threads)
+end
+function init(args)
+  body = string.rep("x", tonumber(args[1]) or 4096)
+  prefix = args[2] or "/blobs/p"
+  fenced = args[3] == "fenced"
+end
+function request()
+  counter = counter + 1
+  local id = tid .. "-" .. counter
+  if fenced then
+    return wrk.format("PUT", prefix .. tid .. "-" .. (counter % 64),
+      { ["Fence-Token"] = "0.1", ["Idempotency-Key"] = id }, body)
+  end
+  return wrk.format("PUT", prefix .. id, nil, body)
+end

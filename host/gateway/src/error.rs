@@ -1,0 +1,52 @@
+//! The gateway's infrastructure errors. Domain outcomes (stale, duplicate,
+//! conflict) are never errors: they are answers with their own status codes.
+
+/// A failure that left the request undecided; the client gets 503 with
+/// `Retry-After`, never 409 (nothing says its token is stale).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The SQLite store (pointers and fence states) failed.
+    #[error(transparent)]
+    Store(#[from] fencecheck_sqlite::Error),
+    /// SQLite failed outside the publish protocol (opening, configuring).
+    #[error("SQLite failed while {doing}: {source}")]
+    Sqlite {
+        /// The step that failed.
+        doing: &'static str,
+        /// SQLite's error.
+        #[source]
+        source: rusqlite::Error,
+    },
+    /// The component could not decide (trapped, failed to load…).
+    #[error("the fence check could not run: {0}")]
+    Check(#[from] fencecheck::Error),
+    /// Reading or writing a blob failed.
+    #[error("blob I/O failed while {doing}: {source}")]
+    Io {
+        /// The step that failed.
+        doing: &'static str,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The upstream file server failed or answered unexpectedly.
+    #[error("upstream failed while {doing}: {detail}")]
+    Upstream {
+        /// The step that failed.
+        doing: &'static str,
+        /// What happened.
+        detail: String,
+    },
+    /// The gateway's configuration is unusable.
+    #[error("configuration: {0}")]
+    Config(String),
+    /// A blocking task died (panicked or was cancelled).
+    #[error("a storage task did not finish: {0}")]
+    Task(String),
+}
+
+/// `map_err` helper for I/O steps.
+pub(crate) fn io(doing: &'static str) -> impl FnOnce(std::io::Error) -> Error {
+    move |source| Error::Io { doing, source }
+}

@@ -1,0 +1,130 @@
+//! `fencecheck-gateway`: serve fenced objects over HTTP (see the crate docs).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Parser;
+use fencecheck_authority::{Coordinator, SqliteCoordinator, SystemClock};
+use fencecheck_gateway::{Blobs, Collector, Config, Gateway, Metrics, Reloader, Store, Upstream};
+use pingora::server::Server;
+use pingora::server::configuration::ServerConf;
+
+/// A fencing HTTP gateway: PUT/GET/DELETE /objects/{key} with Fence-Token.
+#[derive(Parser, Debug)]
+#[command(version)]
+struct Args {
+    /// Address to listen on (keep it on loopback unless fronted by TLS).
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    listen: String,
+    /// Directory for the SQLite databases (pointers and fences in
+    /// fencecheck.db, leases in locks.db), and for blobs (in DIR/blobs)
+    /// unless --upstream is given.
+    #[arg(long)]
+    data: PathBuf,
+    /// Keep blobs on this HTTP file server (WebDAV PUT/GET/DELETE), e.g.
+    /// http://127.0.0.1:8081/blobs/
+    #[arg(long)]
+    upstream: Option<String>,
+    /// Seconds for connecting to the upstream and for each read or write.
+    #[arg(long, default_value_t = 10)]
+    upstream_timeout: u64,
+    /// A fencecheck component to load instead of the embedded one (it must
+    /// pass the conformance vectors; SIGHUP reloads it from this path).
+    #[arg(long)]
+    component: Option<PathBuf>,
+    /// Largest accepted request body, in bytes.
+    #[arg(long, default_value_t = 64 << 20)]
+    max_body: u64,
+    /// Seconds to wait for the next chunk of a request body.
+    #[arg(long, default_value_t = 10)]
+    body_timeout: u64,
+    /// Object requests served at once; more get 503 with Retry-After.
+    #[arg(long, default_value_t = 256)]
+    max_in_flight: usize,
+    /// Seconds an unpublished blob is kept before the collector deletes it
+    /// (must exceed the longest upload).
+    #[arg(long, default_value_t = 600)]
+    retention: u64,
+    /// Seconds between collector passes.
+    #[arg(long, default_value_t = 30)]
+    gc_interval: u64,
+    /// Worker threads for the HTTP service.
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+}
+
+fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    let args = Args::parse();
+    // The component must pass the conformance vectors before it serves.
+    let runtime = fencecheck_gateway::vetted(args.component.as_deref())
+        .map_err(|e| anyhow::anyhow!("refusing the component: {e}"))?;
+    std::fs::create_dir_all(&args.data)
+        .with_context(|| format!("creating {}", args.data.display()))?;
+    let coordinator: Arc<dyn Coordinator> = Arc::new(
+        SqliteCoordinator::open(
+            &args.data.join("locks.db"),
+            runtime.clone(),
+            Arc::new(SystemClock),
+        )
+        .context("opening the lease coordinator")?,
+    );
+    let store = Arc::new(
+        Store::open(&args.data, runtime)
+            .with_context(|| format!("opening the store in {}", args.data.display()))?,
+    );
+
+    let blobs = Arc::new(match &args.upstream {
+        Some(url) => Blobs::Upstream(Box::new(Upstream::new(
+            url,
+            Duration::from_secs(args.upstream_timeout),
+        )?)),
+        None => {
+            let dir = args.data.join("blobs");
+            std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+            Blobs::Dir(dir)
+        }
+    });
+    let config = Config {
+        max_body: args.max_body,
+        body_timeout: Duration::from_secs(args.body_timeout),
+        max_in_flight: args.max_in_flight,
+    };
+    let metrics = Arc::new(Metrics::new().context("registering metrics")?);
+    let reloader = Reloader::new(store.clone(), args.component.clone(), metrics.clone());
+    let conf = ServerConf {
+        threads: args.threads,
+        ..ServerConf::default()
+    };
+    let mut server = Server::new_with_opt_and_conf(None, conf);
+    server.bootstrap();
+    let mut service = pingora::proxy::http_proxy_service(
+        &server.configuration,
+        Gateway::new(store.clone(), blobs.clone(), coordinator, config, metrics),
+    );
+    service.add_tcp(&args.listen);
+    server.add_service(service);
+    // Unpublished blobs (lost races, crashed uploads) go after the window.
+    let collector = Collector::new(
+        store,
+        blobs,
+        Duration::from_secs(args.retention),
+        Duration::from_secs(args.gc_interval.max(1)),
+    );
+    server.add_service(pingora::services::background::background_service(
+        "collector",
+        collector,
+    ));
+    server.add_service(pingora::services::background::background_service(
+        "reloader", reloader,
+    ));
+    tracing::info!(listen = %args.listen, data = %args.data.display(), "serving");
+    server.run_forever()
+}

@@ -1,0 +1,99 @@
+//! Prometheus metrics with bounded labels: operation, outcome, a capped
+//! epoch, status class. Never the key (one series per object would grow
+//! without bound).
+
+use std::time::Duration;
+
+use prometheus::{
+    Encoder, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry, TextEncoder,
+};
+
+/// Epochs above this are counted together as `other`.
+const MAX_EPOCH_LABEL: u64 = 15;
+
+/// The gateway's registry and series.
+pub struct Metrics {
+    registry: Registry,
+    decisions: IntCounterVec,
+    latency: HistogramVec,
+    reloads: IntCounterVec,
+}
+
+impl Metrics {
+    /// A fresh registry with the gateway's series.
+    pub fn new() -> Result<Self, prometheus::Error> {
+        let registry = Registry::new();
+        let decisions = IntCounterVec::new(
+            Opts::new(
+                "fencecheck_gateway_requests_total",
+                "Requests by operation, outcome (applied, duplicate, stale-fence, version-conflict, bad-request, unavailable, …) and token epoch",
+            ),
+            &["op", "outcome", "epoch"],
+        )?;
+        let latency = HistogramVec::new(
+            HistogramOpts::new(
+                "fencecheck_gateway_request_duration_seconds",
+                "Request latency by operation and status class",
+            )
+            .buckets(prometheus::exponential_buckets(0.0001, 2.0, 18)?),
+            &["op", "status"],
+        )?;
+        let reloads = IntCounterVec::new(
+            Opts::new(
+                "fencecheck_gateway_reloads_total",
+                "Component reloads by result (ok, refused)",
+            ),
+            &["result"],
+        )?;
+        registry.register(Box::new(reloads.clone()))?;
+        registry.register(Box::new(decisions.clone()))?;
+        registry.register(Box::new(latency.clone()))?;
+        Ok(Self {
+            registry,
+            decisions,
+            latency,
+            reloads,
+        })
+    }
+
+    /// Record one finished request.
+    pub fn observe(
+        &self,
+        op: &str,
+        outcome: &str,
+        epoch: Option<u64>,
+        status: u16,
+        elapsed: Duration,
+    ) {
+        let epoch = match epoch {
+            None => "none".to_owned(),
+            Some(e) if e <= MAX_EPOCH_LABEL => e.to_string(),
+            Some(_) => "other".to_owned(),
+        };
+        self.decisions
+            .with_label_values(&[op, outcome, epoch.as_str()])
+            .inc();
+        let class = match status {
+            100..=599 => ["1xx", "2xx", "3xx", "4xx", "5xx"][usize::from(status / 100 - 1)],
+            _ => "none",
+        };
+        self.latency
+            .with_label_values(&[op, class])
+            .observe(elapsed.as_secs_f64());
+    }
+
+    /// Count one reload attempt.
+    pub fn reloaded(&self, result: &str) {
+        self.reloads.with_label_values(&[result]).inc();
+    }
+
+    /// The text exposition format.
+    pub fn render(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        // Encoding into a Vec cannot fail for well-formed families.
+        if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut out) {
+            tracing::warn!(error = %e, "metrics encoding failed");
+        }
+        out
+    }
+}

@@ -1,0 +1,144 @@
+//! `--upstream`: blobs on a real nginx (Debian's, WebDAV PUT/DELETE on
+//! loopback, started here), pointers and fences in the gateway's SQLite.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use anyhow::ensure;
+use common::Gateway;
+use common::nginx::Nginx;
+
+fn gateway_on(nginx: &Nginx, data: &std::path::Path, extra: &[&str]) -> anyhow::Result<Gateway> {
+    let upstream = format!("{}/blobs/", nginx.url);
+    let mut args = vec!["--upstream", upstream.as_str(), "--upstream-timeout", "2"];
+    args.extend_from_slice(extra);
+    Gateway::start(data, &args)
+}
+
+/// The paused writer with nginx holding the blobs: A (0.41) pauses
+/// mid-upload, B (0.42) publishes, A gets 409; GET streams B's bytes back
+/// from nginx; A's upload is deleted from nginx at once.
+#[test]
+fn paused_writer_through_nginx() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let nginx = Nginx::start(&dir.path().join("nginx"))?;
+    let gw = gateway_on(&nginx, &dir.path().join("gw"), &[])?;
+
+    let a_body = b"stale report from A";
+    let mut a = gw.open(
+        "PUT",
+        "/objects/reports/july",
+        &[("Fence-Token", "0.41")],
+        None,
+    )?;
+    a.send(&a_body[..5])?;
+    std::thread::sleep(Duration::from_millis(300));
+    let b = gw.request(
+        "PUT",
+        "/objects/reports/july",
+        &[("Fence-Token", "0.42")],
+        b"corrected by B",
+    )?;
+    ensure!(b.status == 201, "B: {b:?}");
+    a.send(&a_body[5..])?;
+    let a = a.finish()?;
+    ensure!(a.status == 409, "A: {a:?}");
+    ensure!(a.json()?["highest"] == "0.42");
+
+    let r = gw.request("GET", "/objects/reports/july", &[], b"")?;
+    ensure!(r.status == 200 && r.body == b"corrected by B", "{r:?}");
+    ensure!(r.header("etag") == Some("\"1\"") && r.header("fence-token") == Some("0.42"));
+    ensure!(nginx.blob_count()? == 1, "A's upload is still on nginx");
+    Ok(())
+}
+
+/// A 1 MiB body streams through to nginx and back byte for byte, chunked
+/// and with a declared length; DELETE makes the key 404.
+#[test]
+fn large_bodies_and_delete_through_nginx() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let nginx = Nginx::start(&dir.path().join("nginx"))?;
+    let gw = gateway_on(&nginx, &dir.path().join("gw"), &[])?;
+    let body: Vec<u8> = (0..1u32 << 20).map(|i| (i % 251) as u8).collect();
+
+    let r = gw.request("PUT", "/objects/big", &[("Fence-Token", "3.1")], &body)?;
+    ensure!(r.status == 201, "{r:?}");
+    let mut open = gw.open("PUT", "/objects/big2", &[("Fence-Token", "3.1")], None)?;
+    for part in body.chunks(100_000) {
+        open.send(part)?;
+    }
+    let r = open.finish()?;
+    ensure!(r.status == 201, "{r:?}");
+    for key in ["big", "big2"] {
+        let r = gw.request("GET", &format!("/objects/{key}"), &[], b"")?;
+        ensure!(
+            r.status == 200 && r.body == body,
+            "{key}: {} {} bytes",
+            r.status,
+            r.body.len()
+        );
+    }
+    let r = gw.request("DELETE", "/objects/big", &[("Fence-Token", "3.2")], b"")?;
+    ensure!(r.status == 204, "{r:?}");
+    ensure!(gw.request("GET", "/objects/big", &[], b"")?.status == 404);
+    Ok(())
+}
+
+/// Replaced and deleted objects' blobs are collected from nginx after the
+/// retention window; the visible one stays.
+#[test]
+fn collector_deletes_on_nginx() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let nginx = Nginx::start(&dir.path().join("nginx"))?;
+    let gw = gateway_on(
+        &nginx,
+        &dir.path().join("gw"),
+        &["--retention", "1", "--gc-interval", "1"],
+    )?;
+    for (i, token) in ["0.1", "0.2", "0.3"].iter().enumerate() {
+        let r = gw.request(
+            "PUT",
+            "/objects/c",
+            &[("Fence-Token", token)],
+            format!("v{i}").as_bytes(),
+        )?;
+        ensure!(r.status == 201 || r.status == 200, "{r:?}");
+    }
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while nginx.blob_count()? > 1 {
+        ensure!(Instant::now() < deadline, "replaced blobs not collected");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let r = gw.request("GET", "/objects/c", &[], b"")?;
+    ensure!(r.status == 200 && r.body == b"v2", "{r:?}");
+    Ok(())
+}
+
+/// With nginx down, writes and reads get 503 with Retry-After, never 409.
+#[test]
+fn upstream_down_is_503() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let nginx = Nginx::start(&dir.path().join("nginx"))?;
+    let gw = gateway_on(&nginx, &dir.path().join("gw"), &[])?;
+    ensure!(
+        gw.request("PUT", "/objects/d", &[("Fence-Token", "0.1")], b"one")?
+            .status
+            == 201
+    );
+    drop(nginx);
+
+    let r = gw.request("PUT", "/objects/d", &[("Fence-Token", "0.2")], b"two")?;
+    ensure!(
+        r.status == 503 && r.header("retry-after").is_some(),
+        "{r:?}"
+    );
+    let r = gw.request("GET", "/objects/d", &[], b"")?;
+    ensure!(
+        r.status == 503 && r.header("retry-after").is_some(),
+        "{r:?}"
+    );
+    let r = gw.request("HEAD", "/objects/d", &[], b"")?;
+    ensure!(r.status == 503, "{r:?}");
+    Ok(())
+}
