@@ -29,8 +29,27 @@ pub enum AuthorityError {
     /// The database's coordinator tables are of a layout this version does
     /// not know (`authority-layout` in `fencecheck_meta`; carries what was
     /// found). Nothing was created or changed: upgrade this coordinator.
-    #[error("the coordinator's SQLite layout is {0}, this version supports only 1")]
+    #[error(
+        "the coordinator's store layout is {0}; this version supports 1 (upgraded in place) and 2"
+    )]
     UnsupportedLayout(String),
+    /// `fencecheck authority migrate` moved this store's lineage to another
+    /// store: this one grants, renews and releases nothing any more, so two
+    /// coordinators never issue tokens for one lineage. Definitive here:
+    /// point the coordinator at the store named.
+    #[error("this lease store was moved to {to}: use that store")]
+    Moved {
+        /// The store it was moved to (as `migrate` named it).
+        to: String,
+    },
+    /// A migration into this store has not finished: it grants nothing
+    /// until `fencecheck authority migrate` is re-run to completion.
+    #[error("a migration into this lease store has not finished: re-run the migration")]
+    MigrationIncomplete,
+    /// `migrate` refused to run (the target holds another lineage or live
+    /// state, the source was moved elsewhere, …). Nothing changed.
+    #[error("migration refused: {0}")]
+    MigrationRefused(String),
     /// Compare-and-swap lost to concurrent coordinators too many times in a row.
     #[error("gave up after {attempts} conflicting concurrent updates of lock {lock:?}")]
     Contention {

@@ -18,6 +18,9 @@
 //! - [`Clock`], [`SystemClock`], [`MonotonicClock`], [`ManualClock`]: the
 //!   coordinator's time authority and the client's local clock; tests drive
 //!   manual ones.
+//! - [`migrate`], [`StoreUrl`], [`Migrated`]: move a lineage (the authority
+//!   id every token carries) with its locks to another store, sealing the
+//!   old one, so resources keep accepting the new store's grants.
 //! - [`Client`], [`Lease`]: the client capability (scope, lease id, token, a
 //!   conservative local validity deadline) and protected-write outcomes.
 //! - [`AuthorityError`]: every infrastructure failure, kept apart from the
@@ -48,6 +51,7 @@ mod client;
 mod clock;
 mod error;
 mod etcd;
+mod migrate;
 mod postgres;
 mod rules;
 mod sqlite;
@@ -56,6 +60,7 @@ pub use client::{AcquireResult, Client, DriftBound, Lease, WriteError, WriteOutc
 pub use clock::{Clock, ManualClock, MonotonicClock, SystemClock};
 pub use error::AuthorityError;
 pub use etcd::{EtcdCoordinator, EtcdOptions};
+pub use migrate::{MigrationStep, Migrated, StoreUrl, migrate, migrate_with};
 pub use postgres::PostgresCoordinator;
 pub use sqlite::SqliteCoordinator;
 

@@ -4,15 +4,18 @@
 
 use std::sync::{Arc, Mutex, PoisonError};
 
-use fencecheck::{Instance, Runtime};
+use fencecheck::{Instance, LeaseError, Runtime};
 use postgres::{Client, NoTls, Transaction};
 
+use crate::migrate::{self, Export, Imported, Lineage, Peek};
 use crate::rules::{self, Decided, Read};
 use crate::{AuthorityError, Clock};
 
 /// The coordinator's layout number: `authority-layout` in `fencecheck_meta`
 /// (the resource layout's table, host/postgres/schema.sql, same definition).
-const LAYOUT: i64 = 1;
+/// Layout 2 adds `moved_to`, as in the SQLite coordinator; layout 1 is
+/// upgraded in place on open.
+const LAYOUT: i64 = 2;
 
 /// Serializes concurrent `open`s of one database ("fenceauth" in ASCII).
 const OPEN_LOCK: i64 = 0x6665_6e63_6561_7574;
@@ -26,9 +29,11 @@ CREATE TABLE IF NOT EXISTS fencecheck_meta (
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS fencecheck_authority (
     id          integer PRIMARY KEY CHECK (id = 1),
-    authority   bigint NOT NULL,  -- u64, stored bit for bit
-    epoch_floor bigint NOT NULL   -- u64, stored bit for bit
+    authority   bigint NOT NULL,  -- u64, stored bit for bit: the lineage
+    epoch_floor bigint NOT NULL,  -- u64, stored bit for bit
+    moved_to    text              -- set by migrate: the store it moved to
 );
+ALTER TABLE fencecheck_authority ADD COLUMN IF NOT EXISTS moved_to text;
 CREATE TABLE IF NOT EXISTS fencecheck_leases (
     lock  text  PRIMARY KEY,
     state bytea NOT NULL          -- the component's canonical lease state
@@ -89,26 +94,7 @@ impl PostgresCoordinator {
         let mut client = Client::connect(url, NoTls)?;
         let authority = {
             let mut tx = client.transaction()?;
-            tx.execute("SELECT pg_advisory_xact_lock($1)", &[&OPEN_LOCK])?;
-            tx.batch_execute(META)?;
-            let layout: Option<i64> = tx
-                .query_opt(
-                    "SELECT value FROM fencecheck_meta WHERE key = 'authority-layout'",
-                    &[],
-                )?
-                .map(|r| r.get(0));
-            match layout {
-                None => {
-                    tx.execute(
-                        "INSERT INTO fencecheck_meta (key, value) VALUES ('authority-layout', $1)",
-                        &[&LAYOUT],
-                    )?;
-                }
-                Some(LAYOUT) => {}
-                // Dropping `tx` rolls back: nothing is created.
-                Some(other) => return Err(AuthorityError::UnsupportedLayout(other.to_string())),
-            }
-            tx.batch_execute(SCHEMA)?;
+            prepare(&mut tx)?;
             tx.execute(
                 "INSERT INTO fencecheck_authority (id, authority, epoch_floor) VALUES (1, $1, 0)
                  ON CONFLICT (id) DO NOTHING",
@@ -176,17 +162,12 @@ impl PostgresCoordinator {
                         &[&lock],
                     )?
                     .map(|r| r.get(0));
-                let floor: i64 = tx
-                    .query_one(
-                        "SELECT epoch_floor FROM fencecheck_authority FOR SHARE",
-                        &[],
-                    )?
-                    .get(0);
+                let floor = live_floor(&mut tx, "FOR SHARE")?;
                 // Read the clock under the locks: decisions on a lock are
                 // ordered by commit, and so are the times they saw.
                 let read = Read {
                     state: state.as_deref(),
-                    floor: from_sql(floor),
+                    floor,
                     now: self.clock.now_ms(),
                 };
                 let (outcome, next) = decide(guest, read)?;
@@ -235,24 +216,12 @@ impl PostgresCoordinator {
             // FOR UPDATE on the floor waits for every decision in flight (they
             // hold it FOR SHARE) and keeps new ones out until the new floor
             // commits; SHARE on the leases table keeps new locks from appearing.
-            let floor: i64 = tx
-                .query_one(
-                    "SELECT epoch_floor FROM fencecheck_authority FOR UPDATE",
-                    &[],
-                )?
-                .get(0);
+            let floor = live_floor(&mut tx, "FOR UPDATE")?;
             tx.batch_execute("LOCK TABLE fencecheck_leases IN SHARE MODE")?;
-            let locks: Vec<(String, Vec<u8>)> = tx
-                .query(
-                    "SELECT lock, state FROM fencecheck_leases ORDER BY lock",
-                    &[],
-                )?
-                .into_iter()
-                .map(|r| (r.get(0), r.get(1)))
-                .collect();
+            let locks = all_locks(&mut tx)?;
             let new_floor = rules::restored_floor(
                 guest,
-                from_sql(floor),
+                floor,
                 at_least,
                 locks.iter().map(|(l, s)| (l.as_bytes(), s.as_slice())),
             )?;
@@ -264,4 +233,203 @@ impl PostgresCoordinator {
             Ok(new_floor)
         })
     }
+}
+
+/// Create the coordinator's tables if absent (upgrading layout 1 in place),
+/// serialized with every other `open` by an advisory lock, and read the
+/// lineage row: `(lineage, moved_to)`, `None` before first use.
+fn prepare(tx: &mut Transaction<'_>) -> Result<Option<(u64, Option<String>)>, AuthorityError> {
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&OPEN_LOCK])?;
+    tx.batch_execute(META)?;
+    let layout: Option<i64> = tx
+        .query_opt(
+            "SELECT value FROM fencecheck_meta WHERE key = 'authority-layout'",
+            &[],
+        )?
+        .map(|r| r.get(0));
+    match layout {
+        None | Some(1) => {
+            tx.batch_execute(SCHEMA)?;
+            tx.execute(
+                "INSERT INTO fencecheck_meta (key, value) VALUES ('authority-layout', $1)
+                 ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                &[&LAYOUT],
+            )?;
+        }
+        Some(LAYOUT) => {}
+        // The caller drops `tx`, which rolls back: nothing is created.
+        Some(other) => return Err(AuthorityError::UnsupportedLayout(other.to_string())),
+    }
+    Ok(tx
+        .query_opt(
+            "SELECT authority, moved_to FROM fencecheck_authority FOR UPDATE",
+            &[],
+        )?
+        .map(|r| (from_sql(r.get(0)), r.get(1))))
+}
+
+/// The epoch floor read with `lock` (`FOR SHARE`, `FOR UPDATE`), or
+/// [`AuthorityError::Moved`] once the store is sealed.
+fn live_floor(tx: &mut Transaction<'_>, lock: &str) -> Result<u64, AuthorityError> {
+    let row = tx.query_one(
+        &format!("SELECT epoch_floor, moved_to FROM fencecheck_authority {lock}"),
+        &[],
+    )?;
+    match row.get::<_, Option<String>>(1) {
+        Some(to) => Err(AuthorityError::Moved { to }),
+        None => Ok(from_sql(row.get(0))),
+    }
+}
+
+fn all_locks(tx: &mut Transaction<'_>) -> Result<Vec<(String, Vec<u8>)>, AuthorityError> {
+    Ok(tx
+        .query(
+            "SELECT lock, state FROM fencecheck_leases ORDER BY lock",
+            &[],
+        )?
+        .into_iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect())
+}
+
+/// The server and database `url` names, without credentials.
+pub(crate) fn identity(url: &str) -> Result<String, AuthorityError> {
+    let config: postgres::Config = url.parse()?;
+    let host = match config.get_hosts().first() {
+        Some(postgres::config::Host::Tcp(host)) => host.clone(),
+        Some(postgres::config::Host::Unix(path)) => path.display().to_string(),
+        None => "localhost".to_owned(),
+    };
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    let db = config
+        .get_dbname()
+        .or(config.get_user())
+        .unwrap_or_default();
+    Ok(format!("postgres://{host}:{port}/{db}"))
+}
+
+/// The lineage and whether there is state, changing nothing.
+pub(crate) fn peek(url: &str) -> Result<Peek, AuthorityError> {
+    let mut client = Client::connect(url, NoTls)?;
+    let exists: bool = client
+        .query_one(
+            "SELECT to_regclass('fencecheck_authority') IS NOT NULL
+                AND to_regclass('fencecheck_leases') IS NOT NULL",
+            &[],
+        )?
+        .get(0);
+    if !exists {
+        return Ok(Peek::default());
+    }
+    // Layout 1 has no moved_to: read it only where it exists.
+    let moved: bool = client
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM information_schema.columns
+                 WHERE table_schema = current_schema()
+                   AND table_name = 'fencecheck_authority' AND column_name = 'moved_to')",
+            &[],
+        )?
+        .get(0);
+    let sql = if moved {
+        "SELECT authority, moved_to FROM fencecheck_authority"
+    } else {
+        "SELECT authority, NULL::text FROM fencecheck_authority"
+    };
+    let held = client.query_opt(sql, &[])?.map(|r| {
+        let lineage = from_sql(r.get(0));
+        match r.get::<_, Option<String>>(1) {
+            Some(to) => Lineage::Moved(lineage, to),
+            None => Lineage::Live(lineage),
+        }
+    });
+    let has_state: bool = client
+        .query_one("SELECT EXISTS (SELECT 1 FROM fencecheck_leases)", &[])?
+        .get(0);
+    Ok(Peek {
+        held,
+        has_state,
+        legacy: None,
+    })
+}
+
+/// Seal the database at `url` for `target` and export it (see `migrate`):
+/// the row lock on the lineage row waits for decisions in flight (they
+/// hold it `FOR SHARE`) and keeps new ones out until the seal commits.
+pub(crate) fn seal(
+    url: &str,
+    target: &str,
+    guest: &mut Instance,
+    at_least: u64,
+) -> Result<Export, AuthorityError> {
+    let mut client = Client::connect(url, NoTls)?;
+    let mut tx = client.transaction()?;
+    let Some((lineage, moved_to)) = prepare(&mut tx)? else {
+        return Err(AuthorityError::MigrationRefused(
+            "the source has no lineage: no coordinator ever used it".into(),
+        ));
+    };
+    match moved_to.as_deref() {
+        Some(to) if to != target => {
+            return Err(AuthorityError::MigrationRefused(format!(
+                "the source was already moved to {to}"
+            )));
+        }
+        Some(_) => {}
+        None => {
+            tx.execute(
+                "UPDATE fencecheck_authority SET moved_to = $1",
+                &[&target],
+            )?;
+        }
+    }
+    tx.batch_execute("LOCK TABLE fencecheck_leases IN SHARE MODE")?;
+    let floor: i64 = tx
+        .query_one("SELECT epoch_floor FROM fencecheck_authority", &[])?
+        .get(0);
+    // Checked before the seal commits: a damaged state refuses the
+    // migration and leaves the source granting.
+    let export = migrate::export(guest, lineage, from_sql(floor), at_least, all_locks(&mut tx)?)?;
+    tx.commit()?;
+    Ok(export)
+}
+
+/// Import `export` into the database at `url` in one transaction.
+pub(crate) fn import(url: &str, export: &Export) -> Result<Imported, AuthorityError> {
+    let mut client = Client::connect(url, NoTls)?;
+    let mut tx = client.transaction()?;
+    let held = prepare(&mut tx)?.map(|(lineage, moved_to)| match moved_to {
+        Some(to) => Lineage::Moved(lineage, to),
+        None => Lineage::Live(lineage),
+    });
+    tx.batch_execute("LOCK TABLE fencecheck_leases IN EXCLUSIVE MODE")?;
+    let has_state: bool = tx
+        .query_one("SELECT EXISTS (SELECT 1 FROM fencecheck_leases)", &[])?
+        .get(0);
+    let own: Option<i64> = tx
+        .query_opt("SELECT epoch_floor FROM fencecheck_authority", &[])?
+        .map(|r| r.get(0));
+    if migrate::target_verdict(held.as_ref(), has_state, export.lineage)?.is_some() {
+        return Ok(Imported::Already {
+            floor: own.map_or(0, from_sql),
+        });
+    }
+    // A sealed store moved back to: above its own floor as well.
+    let floor = match own {
+        Some(own) => export
+            .floor
+            .max(from_sql(own).checked_add(1).ok_or(LeaseError::Exhausted)?),
+        None => export.floor,
+    };
+    tx.batch_execute("DELETE FROM fencecheck_leases; DELETE FROM fencecheck_authority;")?;
+    tx.execute(
+        "INSERT INTO fencecheck_authority (id, authority, epoch_floor, moved_to)
+         VALUES (1, $1, $2, NULL)",
+        &[&to_sql(export.lineage), &to_sql(floor)],
+    )?;
+    let insert = tx.prepare("INSERT INTO fencecheck_leases (lock, state) VALUES ($1, $2)")?;
+    for (lock, state) in &export.locks {
+        tx.execute(&insert, &[lock, state])?;
+    }
+    tx.commit()?;
+    Ok(Imported::Done { floor })
 }

@@ -9,8 +9,8 @@ use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use fencecheck::{Runtime, TokenText};
 use fencecheck_authority::{
-    AcquireOutcome, Coordinator, PostgresCoordinator, ReleaseOutcome, RenewOutcome,
-    SqliteCoordinator, SystemClock,
+    AcquireOutcome, Coordinator, MigrationStep, PostgresCoordinator, ReleaseOutcome, RenewOutcome,
+    SqliteCoordinator, StoreUrl, SystemClock,
 };
 
 /// Where the coordinator keeps its leases: exactly one of `--db` (SQLite)
@@ -76,6 +76,35 @@ pub enum Authority {
         #[arg(long)]
         at_least: Option<u64>,
     },
+    /// Move the lock service to another store: copy the lineage (the
+    /// authority id every token carries) and every lock's state, start the
+    /// target's epochs above every token the source issued and above
+    /// `--at-least` (default: the Unix time in milliseconds), and seal the
+    /// source so that it grants nothing more. Refuses a target that holds
+    /// another lineage or live state; safe to re-run after a crash. Stores:
+    /// `sqlite:PATH`, `etcd:http://HOST:PORT[,…]`, `postgres://…`.
+    Migrate {
+        /// The store the coordinators use now.
+        #[arg(long)]
+        from: StoreUrl,
+        /// The new, unused store.
+        #[arg(long)]
+        to: StoreUrl,
+        /// The lowest acceptable new epoch.
+        #[arg(long)]
+        at_least: Option<u64>,
+        /// Fault injection for the tests: after this step (`sealed`,
+        /// `importing`) print it and wait for a line on stdin.
+        #[arg(long, hide = true)]
+        pause_after: Option<String>,
+    },
+}
+
+/// The Unix time in milliseconds: the default lowest new epoch.
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 const BUSY: u8 = 3;
@@ -151,13 +180,44 @@ pub fn run(runtime: &Runtime, command: Authority) -> Result<ExitCode> {
             }
         },
         Authority::Restore { store, at_least } => {
-            let at_least = at_least.unwrap_or_else(|| {
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-            });
-            let floor = open(runtime, &store)?.restore(at_least)?;
+            let floor = open(runtime, &store)?.restore(at_least.unwrap_or_else(now_ms))?;
             println!("restored epoch-floor {floor}");
+            Ok(ExitCode::SUCCESS)
+        }
+        Authority::Migrate {
+            from,
+            to,
+            at_least,
+            pause_after,
+        } => {
+            let mut step = |step: MigrationStep| {
+                let name = match step {
+                    MigrationStep::Sealed => "sealed",
+                    MigrationStep::Importing => "importing",
+                    _ => "other",
+                };
+                if pause_after.as_deref() == Some(name) {
+                    println!("paused after {name}");
+                    let mut line = String::new();
+                    // Whatever stdin says (or its end) resumes.
+                    let _ = std::io::stdin().read_line(&mut line);
+                }
+            };
+            let migrated = fencecheck_authority::migrate_with(
+                runtime,
+                &from,
+                &to,
+                at_least.unwrap_or_else(now_ms),
+                &mut step,
+            )
+            .with_context(|| format!("migrating {from} to {to}"))?;
+            println!(
+                "{} lineage {} epoch-floor {} locks {}",
+                if migrated.already { "already-migrated" } else { "migrated" },
+                migrated.lineage,
+                migrated.epoch_floor,
+                migrated.locks
+            );
             Ok(ExitCode::SUCCESS)
         }
     }

@@ -92,7 +92,7 @@ impl Gateway {
     }
 
     /// The cluster's id (non-zero).
-    pub(super) fn authority(&self) -> u64 {
+    pub(super) fn cluster(&self) -> u64 {
         self.cluster
     }
 
@@ -249,6 +249,28 @@ pub(super) fn range_op(key: &[u8]) -> Value {
     json!({"request_range": {"key": B64.encode(key)}})
 }
 
+/// Every key in `[start, end)`.
+pub(super) fn range_all_op(start: &[u8], end: &[u8]) -> Value {
+    json!({"request_range": {"key": B64.encode(start), "range_end": B64.encode(end)}})
+}
+
+/// Delete every key in `[start, end)`.
+pub(super) fn delete_range_op(start: &[u8], end: &[u8]) -> Value {
+    json!({"request_delete_range": {"key": B64.encode(start), "range_end": B64.encode(end)}})
+}
+
+/// The compare that holds only if no key in `[start, end)` was put after
+/// `revision` (a deletion is not seen; coordinators never delete locks).
+pub(super) fn range_unchanged_since(start: &[u8], end: &[u8], revision: u64) -> Value {
+    json!({
+        "key": B64.encode(start),
+        "range_end": B64.encode(end),
+        "target": "MOD",
+        "result": "LESS",
+        "mod_revision": (revision + 1).to_string(),
+    })
+}
+
 pub(super) fn put_op(key: &[u8], value: &[u8]) -> Value {
     json!({"request_put": {"key": B64.encode(key), "value": B64.encode(value)}})
 }
@@ -313,6 +335,8 @@ pub(super) enum OpResponse {
     Range(RangeResponse),
     #[serde(rename = "response_put")]
     Put {},
+    #[serde(rename = "response_delete_range")]
+    DeleteRange {},
 }
 
 #[derive(Debug, Deserialize)]
