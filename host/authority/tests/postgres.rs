@@ -80,20 +80,52 @@ fn unknown_layout_is_refused() -> Result<()> {
     let mut db = server.client()?;
     db.batch_execute(
         "CREATE TABLE fencecheck_meta (key text PRIMARY KEY, value bigint NOT NULL);
-         INSERT INTO fencecheck_meta VALUES ('authority-layout', 2);",
+         INSERT INTO fencecheck_meta VALUES ('authority-layout', 3);",
     )?;
     let clock = Arc::new(ManualClock::new(0));
     match coordinator(&server, &clock) {
         Err(e) => match e.downcast_ref::<AuthorityError>() {
-            Some(AuthorityError::UnsupportedLayout(found)) if found == "2" => {}
+            Some(AuthorityError::UnsupportedLayout(found)) if found == "3" => {}
             _ => bail!("{e}"),
         },
-        Ok(_) => bail!("layout 2 accepted"),
+        Ok(_) => bail!("layout 3 accepted"),
     }
     let created: bool = db
         .query_one("SELECT to_regclass('fencecheck_leases') IS NOT NULL", &[])?
         .get(0);
     ensure!(!created);
+    Ok(())
+}
+
+/// A layout-1 database (before `moved_to`) is upgraded in place on open:
+/// lineage and floor kept, layout number 2.
+#[test]
+fn layout_1_is_upgraded_in_place() -> Result<()> {
+    let server = PgServer::start()?;
+    let mut db = server.client()?;
+    db.batch_execute(
+        "CREATE TABLE fencecheck_meta (key text PRIMARY KEY, value bigint NOT NULL);
+         INSERT INTO fencecheck_meta VALUES ('authority-layout', 1);
+         CREATE TABLE fencecheck_authority (
+             id integer PRIMARY KEY CHECK (id = 1),
+             authority bigint NOT NULL, epoch_floor bigint NOT NULL);
+         INSERT INTO fencecheck_authority VALUES (1, 77, 5);
+         CREATE TABLE fencecheck_leases (lock text PRIMARY KEY, state bytea NOT NULL);",
+    )?;
+    let clock = Arc::new(ManualClock::new(0));
+    let coordinator = coordinator(&server, &clock)?;
+    ensure!(coordinator.authority() == 77);
+    match coordinator.acquire("a", "x", 1_000)? {
+        AcquireOutcome::Acquired(g) => ensure!(g.token == Token::new(77, 5, 1), "{g:?}"),
+        other => bail!("{other:?}"),
+    }
+    let layout: i64 = db
+        .query_one(
+            "SELECT value FROM fencecheck_meta WHERE key = 'authority-layout'",
+            &[],
+        )?
+        .get(0);
+    ensure!(layout == 2);
     Ok(())
 }
 

@@ -333,7 +333,7 @@ fn coordinator_layout_is_recorded_and_checked() -> Result<()> {
         .collect::<Result<_, _>>()?;
     ensure!(
         keys == [
-            ("authority-layout".to_string(), 1),
+            ("authority-layout".to_string(), 2),
             ("layout".to_string(), 1)
         ],
         "{keys:?}"
@@ -344,11 +344,11 @@ fn coordinator_layout_is_recorded_and_checked() -> Result<()> {
     let conn = rusqlite::Connection::open(&newer)?;
     conn.execute_batch(
         "CREATE TABLE fencecheck_meta (key TEXT NOT NULL PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
-         INSERT INTO fencecheck_meta VALUES ('authority-layout', 2);",
+         INSERT INTO fencecheck_meta VALUES ('authority-layout', 3);",
     )?;
     match SqliteCoordinator::open(&newer, runtime()?, Arc::new(ManualClock::new(0))) {
         Err(fencecheck_authority::AuthorityError::UnsupportedLayout(found)) => {
-            ensure!(found.contains('2'), "{found}")
+            ensure!(found.contains('3'), "{found}")
         }
         other => bail!("expected UnsupportedLayout, got {other:?}"),
     }
@@ -358,5 +358,34 @@ fn coordinator_layout_is_recorded_and_checked() -> Result<()> {
         |r| r.get(0),
     )?;
     ensure!(tables == 0, "a refused open created {tables} tables");
+    Ok(())
+}
+
+/// A layout-1 database (before `moved_to`) is upgraded in place on open: its
+/// lineage, floor and locks are kept, and the layout number says 2.
+#[test]
+fn layout_1_is_upgraded_in_place() -> Result<()> {
+    let dir = TempDir::new("authority-layout-1")?;
+    let db = dir.join("old.db");
+    let conn = rusqlite::Connection::open(&db)?;
+    conn.execute_batch(
+        "CREATE TABLE fencecheck_meta (key TEXT NOT NULL PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
+         INSERT INTO fencecheck_meta VALUES ('authority-layout', 1);
+         CREATE TABLE fencecheck_authority (
+             id INTEGER PRIMARY KEY CHECK (id = 1),
+             authority INTEGER NOT NULL, epoch_floor INTEGER NOT NULL);
+         INSERT INTO fencecheck_authority VALUES (1, 77, 5);
+         CREATE TABLE fencecheck_leases (lock TEXT PRIMARY KEY, state BLOB NOT NULL);",
+    )?;
+    let world = World::on_file(&db)?;
+    ensure!(world.coordinator.authority() == 77);
+    let first = grant(world.coordinator.acquire("a", "x", 1_000)?)?;
+    ensure!(first.token == Token::new(77, 5, 1), "{first:?}");
+    let layout: i64 = conn.query_row(
+        "SELECT value FROM fencecheck_meta WHERE key = 'authority-layout'",
+        [],
+        |r| r.get(0),
+    )?;
+    ensure!(layout == 2);
     Ok(())
 }

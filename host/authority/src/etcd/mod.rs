@@ -676,7 +676,11 @@ fn parse_lineage(value: &[u8]) -> Result<Lineage, AuthorityError> {
         ))
     };
     let text = std::str::from_utf8(value).map_err(|_| corrupt())?;
-    let (id, rest) = text.split_once(' ').unwrap_or((text, ""));
+    let (id, rest) = match text.split_once(' ') {
+        Some((_, "")) => return Err(corrupt()),
+        Some(parts) => parts,
+        None => (text, ""),
+    };
     let id = id
         .parse::<u64>()
         .ok()
