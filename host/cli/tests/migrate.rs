@@ -263,6 +263,12 @@ fn move_between(from: &Store, to: &Store, interrupt: Option<&str>) -> Result<()>
         migrate(&from.url(), &to.url())?.starts_with("already-migrated"),
         "a re-run changes nothing"
     );
+    let floor: u64 = said
+        .split_whitespace()
+        .skip_while(|w| *w != "epoch-floor")
+        .nth(1)
+        .context("no epoch-floor in the output")?
+        .parse()?;
 
     // The old store refuses, through a coordinator opened before the move
     // and one opened after it.
@@ -291,8 +297,8 @@ fn move_between(from: &Store, to: &Store, interrupt: Option<&str>) -> Result<()>
     clock.advance(TTL);
     let next = acquired(new.acquire(LOCK, "b9", TTL)?)?;
     ensure!(
-        next.grant_order(&last_old).is_gt(),
-        "{next:?} above {last_old:?}"
+        next.grant_order(&last_old).is_gt() && next.epoch == floor && next.counter == 1,
+        "{next:?}: the new store's first grant opens the epoch floor {floor}, above {last_old:?}"
     );
     ensure!(
         resources.write(next)? == [true; 4],
