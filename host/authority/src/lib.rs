@@ -60,7 +60,7 @@ pub use client::{AcquireResult, Client, DriftBound, Lease, WriteError, WriteOutc
 pub use clock::{Clock, ManualClock, MonotonicClock, SystemClock};
 pub use error::AuthorityError;
 pub use etcd::{EtcdCoordinator, EtcdOptions};
-pub use migrate::{MigrationStep, Migrated, StoreUrl, migrate, migrate_with};
+pub use migrate::{Migrated, MigrationStep, StoreUrl, migrate, migrate_with};
 pub use postgres::PostgresCoordinator;
 pub use sqlite::SqliteCoordinator;
 

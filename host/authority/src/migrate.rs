@@ -255,19 +255,15 @@ pub fn migrate_with(
             ));
         }
     };
-    if let Some(Lineage::Moved(_, to)) = &source.held {
-        if *to != target {
-            return Err(AuthorityError::MigrationRefused(format!(
-                "the source was already moved to {to}"
-            )));
-        }
+    if let Some(Lineage::Moved(_, to)) = &source.held
+        && *to != target
+    {
+        return Err(AuthorityError::MigrationRefused(format!(
+            "the source was already moved to {to}"
+        )));
     }
     let destination = peek(to, runtime)?;
-    target_verdict(
-        destination.held.as_ref(),
-        destination.has_state,
-        lineage,
-    )?;
+    target_verdict(destination.held.as_ref(), destination.has_state, lineage)?;
     let export = match from {
         StoreUrl::Sqlite(path) => crate::sqlite::seal(path, &target, &mut guest, at_least)?,
         StoreUrl::Postgres(url) => crate::postgres::seal(url, &target, &mut guest, at_least)?,

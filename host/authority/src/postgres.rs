@@ -376,10 +376,7 @@ pub(crate) fn seal(
         }
         Some(_) => {}
         None => {
-            tx.execute(
-                "UPDATE fencecheck_authority SET moved_to = $1",
-                &[&target],
-            )?;
+            tx.execute("UPDATE fencecheck_authority SET moved_to = $1", &[&target])?;
         }
     }
     tx.batch_execute("LOCK TABLE fencecheck_leases IN SHARE MODE")?;
@@ -388,7 +385,13 @@ pub(crate) fn seal(
         .get(0);
     // Checked before the seal commits: a damaged state refuses the
     // migration and leaves the source granting.
-    let export = migrate::export(guest, lineage, from_sql(floor), at_least, all_locks(&mut tx)?)?;
+    let export = migrate::export(
+        guest,
+        lineage,
+        from_sql(floor),
+        at_least,
+        all_locks(&mut tx)?,
+    )?;
     tx.commit()?;
     Ok(export)
 }

@@ -300,11 +300,10 @@ pub(crate) fn peek(path: &Path) -> Result<Peek, AuthorityError> {
             Some(to) => Lineage::Moved(l, to),
             None => Lineage::Live(l),
         });
-    let has_state: bool = conn.query_row(
-        "SELECT EXISTS (SELECT 1 FROM fencecheck_leases)",
-        [],
-        |r| r.get(0),
-    )?;
+    let has_state: bool =
+        conn.query_row("SELECT EXISTS (SELECT 1 FROM fencecheck_leases)", [], |r| {
+            r.get(0)
+        })?;
     Ok(Peek {
         held,
         has_state,
@@ -361,11 +360,10 @@ pub(crate) fn import(path: &Path, export: &Export) -> Result<Imported, Authority
         Some(to) => Lineage::Moved(lineage, to),
         None => Lineage::Live(lineage),
     });
-    let has_state: bool = tx.query_row(
-        "SELECT EXISTS (SELECT 1 FROM fencecheck_leases)",
-        [],
-        |r| r.get(0),
-    )?;
+    let has_state: bool =
+        tx.query_row("SELECT EXISTS (SELECT 1 FROM fencecheck_leases)", [], |r| {
+            r.get(0)
+        })?;
     if migrate::target_verdict(held.as_ref(), has_state, export.lineage)?.is_some() {
         let floor: i64 = tx.query_row("SELECT epoch_floor FROM fencecheck_authority", [], |r| {
             r.get(0)
@@ -393,7 +391,8 @@ pub(crate) fn import(path: &Path, export: &Export) -> Result<Imported, Authority
         [to_sql(export.lineage), to_sql(floor)],
     )?;
     {
-        let mut insert = tx.prepare("INSERT INTO fencecheck_leases (lock, state) VALUES (?1, ?2)")?;
+        let mut insert =
+            tx.prepare("INSERT INTO fencecheck_leases (lock, state) VALUES (?1, ?2)")?;
         for (lock, state) in &export.locks {
             insert.execute(params![lock, state])?;
         }

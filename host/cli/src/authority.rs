@@ -213,7 +213,11 @@ pub fn run(runtime: &Runtime, command: Authority) -> Result<ExitCode> {
             .with_context(|| format!("migrating {from} to {to}"))?;
             println!(
                 "{} lineage {} epoch-floor {} locks {}",
-                if migrated.already { "already-migrated" } else { "migrated" },
+                if migrated.already {
+                    "already-migrated"
+                } else {
+                    "migrated"
+                },
                 migrated.lineage,
                 migrated.epoch_floor,
                 migrated.locks

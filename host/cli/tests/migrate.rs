@@ -18,8 +18,8 @@ use std::sync::Arc;
 use anyhow::{Context, Result, bail, ensure};
 use fencecheck::{Fenced, Instance, Policy, Rejection, Request, Token, TokenText};
 use fencecheck_authority::{
-    AcquireOutcome, AuthorityError, Coordinator, EtcdCoordinator, ManualClock,
-    PostgresCoordinator, RenewOutcome, SqliteCoordinator,
+    AcquireOutcome, AuthorityError, Coordinator, EtcdCoordinator, ManualClock, PostgresCoordinator,
+    RenewOutcome, SqliteCoordinator,
 };
 use fencecheck_tests::pgserver::PgServer;
 use fencecheck_tests::runtime;
@@ -87,10 +87,9 @@ impl Store {
         match self {
             Store::Sqlite(path) => format!("sqlite:{}", path.display()),
             Store::Etcd(cluster) => format!("etcd:{}", cluster.endpoints().join(",")),
-            Store::Postgres(server) => format!(
-                "postgres://postgres@127.0.0.1:{}/postgres",
-                server.port()
-            ),
+            Store::Postgres(server) => {
+                format!("postgres://postgres@127.0.0.1:{}/postgres", server.port())
+            }
         }
     }
 
@@ -98,9 +97,11 @@ impl Store {
         let runtime = runtime()?;
         Ok(match self {
             Store::Sqlite(path) => Arc::new(SqliteCoordinator::open(path, runtime, clock)?),
-            Store::Etcd(cluster) => {
-                Arc::new(EtcdCoordinator::connect(cluster.endpoints(), runtime, clock)?)
-            }
+            Store::Etcd(cluster) => Arc::new(EtcdCoordinator::connect(
+                cluster.endpoints(),
+                runtime,
+                clock,
+            )?),
             Store::Postgres(server) => {
                 Arc::new(PostgresCoordinator::open(&server.url(), runtime, clock)?)
             }
@@ -241,16 +242,25 @@ fn move_between(from: &Store, to: &Store, interrupt: Option<&str>) -> Result<()>
     let lineage = old.authority();
     let first = acquired(old.acquire(LOCK, "a7", TTL)?)?;
     let mut resources = Resources::new()?;
-    ensure!(resources.write(first)? == [true; 4], "the first grant is accepted");
+    ensure!(
+        resources.write(first)? == [true; 4],
+        "the first grant is accepted"
+    );
     clock.advance(TTL); // a7's lease ends on the old coordinator's clock
     let last_old = acquired(old.acquire(LOCK, "c3", TTL)?)?;
-    ensure!(resources.write(last_old)? == [true; 4], "the old store's last grant");
+    ensure!(
+        resources.write(last_old)? == [true; 4],
+        "the old store's last grant"
+    );
     let held = acquired(old.acquire(HELD, "h1", TTL)?)?;
 
     if let Some(step) = interrupt {
         migrate_killed_after(&from.url(), &to.url(), step)?;
         ensure!(
-            matches!(old.acquire("other", "x", TTL), Err(AuthorityError::Moved { .. })),
+            matches!(
+                old.acquire("other", "x", TTL),
+                Err(AuthorityError::Moved { .. })
+            ),
             "a source sealed by a killed migration stays sealed"
         );
     }
@@ -284,7 +294,10 @@ fn move_between(from: &Store, to: &Store, interrupt: Option<&str>) -> Result<()>
     }
 
     let new = to.open(clock.clone())?;
-    ensure!(new.authority() == lineage, "the lineage moved with the locks");
+    ensure!(
+        new.authority() == lineage,
+        "the lineage moved with the locks"
+    );
     // The holder of a running lease keeps it: renew at the new store.
     ensure!(matches!(
         new.renew(HELD, "h1", held, TTL)?,
@@ -391,11 +404,9 @@ fn killed_during_an_etcd_import_and_rerun() -> Result<()> {
     let Store::Etcd(cluster) = &target else {
         bail!("the target is etcd")
     };
-    match EtcdCoordinator::connect(cluster.endpoints(), runtime()?, clock.clone())?.acquire(
-        LOCK,
-        "x",
-        TTL,
-    ) {
+    match EtcdCoordinator::connect(cluster.endpoints(), runtime()?, clock.clone())?
+        .acquire(LOCK, "x", TTL)
+    {
         Err(AuthorityError::MigrationIncomplete) => {}
         other => bail!("a half-imported store decided: {other:?}"),
     }
@@ -432,9 +443,21 @@ fn refusals_change_nothing() -> Result<()> {
     acquired(other.acquire(LOCK, "z", TTL)?)?;
 
     let refused = |from: &Store, to: &Store, why: &str| -> Result<()> {
-        let out = fencecheck(&["authority", "migrate", "--from", &from.url(), "--to", &to.url()])?;
+        let out = fencecheck(&[
+            "authority",
+            "migrate",
+            "--from",
+            &from.url(),
+            "--to",
+            &to.url(),
+        ])?;
         let stderr = String::from_utf8_lossy(&out.stderr);
-        ensure!(!out.status.success(), "migrate {} -> {} ran", from.url(), to.url());
+        ensure!(
+            !out.status.success(),
+            "migrate {} -> {} ran",
+            from.url(),
+            to.url()
+        );
         ensure!(stderr.contains(why), "expected {why:?} in {stderr}");
         Ok(())
     };

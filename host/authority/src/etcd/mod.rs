@@ -449,6 +449,10 @@ impl Coordinator for EtcdCoordinator {
     }
 }
 
+/// What `read_all` returns: the revision read at, the lineage key, the
+/// floor key, and every lock by name.
+type Everything = (u64, Option<Entry>, Option<Entry>, Vec<(String, Vec<u8>)>);
+
 /// How many lock states one import transaction writes: etcd refuses a
 /// transaction of more than `--max-txn-ops` operations (default 128).
 const IMPORT_BATCH: usize = 100;
@@ -456,7 +460,7 @@ const IMPORT_BATCH: usize = 100;
 impl EtcdCoordinator {
     /// One read of everything `migrate` needs, at one revision: the lineage,
     /// the floor and every lock.
-    fn read_all(&self) -> Result<(u64, Option<Entry>, Option<Entry>, Vec<(String, Vec<u8>)>), AuthorityError> {
+    fn read_all(&self) -> Result<Everything, AuthorityError> {
         let locks_start = self.lock_prefix();
         let locks_end = prefix_end(&locks_start)?;
         let request = json!({
@@ -503,7 +507,10 @@ pub(crate) fn identity(options: EtcdOptions) -> Result<String, AuthorityError> {
         options.connect_timeout,
         options.request_timeout,
     )?;
-    Ok(format!("etcd:cluster={:x}/prefix={prefix}", gateway.cluster()))
+    Ok(format!(
+        "etcd:cluster={:x}/prefix={prefix}",
+        gateway.cluster()
+    ))
 }
 
 /// The lineage and whether there is state, changing nothing.
@@ -531,7 +538,10 @@ pub(crate) fn seal(
     let store = EtcdCoordinator::unbound(options, runtime.clone(), Arc::new(crate::SystemClock))?;
     for _ in 0..attempts {
         let (revision, lineage, floor, locks) = store.read_all()?;
-        let held = lineage.as_ref().map(|e| parse_lineage(&e.value)).transpose()?;
+        let held = lineage
+            .as_ref()
+            .map(|e| parse_lineage(&e.value))
+            .transpose()?;
         let id = match held {
             // Coordinators from before lineages used the cluster id.
             None if !locks.is_empty() || floor.is_some() => store.gateway.cluster(),
@@ -557,10 +567,19 @@ pub(crate) fn seal(
         // and leaves the source granting.
         let export = {
             let mut guest = store.guest.lock().unwrap_or_else(PoisonError::into_inner);
-            migrate::export(&mut guest, id, floor_value(floor.as_ref())?, at_least, locks)?
+            migrate::export(
+                &mut guest,
+                id,
+                floor_value(floor.as_ref())?,
+                at_least,
+                locks,
+            )?
         };
         let sealed = format!("{id} moved-to {target}");
-        if lineage.as_ref().is_some_and(|e| e.value == sealed.as_bytes()) {
+        if lineage
+            .as_ref()
+            .is_some_and(|e| e.value == sealed.as_bytes())
+        {
             return Ok(export);
         }
         let locks_start = store.lock_prefix();
@@ -596,7 +615,10 @@ pub(crate) fn import(
 ) -> Result<Imported, AuthorityError> {
     let store = EtcdCoordinator::unbound(options, runtime.clone(), Arc::new(crate::SystemClock))?;
     let (_, lineage, floor, locks) = store.read_all()?;
-    let held = lineage.as_ref().map(|e| parse_lineage(&e.value)).transpose()?;
+    let held = lineage
+        .as_ref()
+        .map(|e| parse_lineage(&e.value))
+        .transpose()?;
     let has_state = floor.is_some() || !locks.is_empty();
     let own_floor = floor_value(floor.as_ref())?;
     if migrate::target_verdict(held.as_ref(), has_state, export.lineage)?.is_some() {
@@ -604,9 +626,11 @@ pub(crate) fn import(
     }
     // A sealed store moved back to: above its own floor as well.
     let new_floor = match held {
-        Some(Lineage::Moved(..)) => export
-            .floor
-            .max(own_floor.checked_add(1).ok_or(fencecheck::LeaseError::Exhausted)?),
+        Some(Lineage::Moved(..)) => export.floor.max(
+            own_floor
+                .checked_add(1)
+                .ok_or(fencecheck::LeaseError::Exhausted)?,
+        ),
         _ => export.floor,
     };
     let importing = format!("{} importing", export.lineage);
@@ -786,12 +810,23 @@ mod tests {
     #[test]
     fn lineage_values_parse_strictly() {
         assert_eq!(parse_lineage(b"42").ok(), Some(Lineage::Live(42)));
-        assert_eq!(parse_lineage(b"42 importing").ok(), Some(Lineage::Importing(42)));
+        assert_eq!(
+            parse_lineage(b"42 importing").ok(),
+            Some(Lineage::Importing(42))
+        );
         assert_eq!(
             parse_lineage(b"42 moved-to sqlite:/x").ok(),
             Some(Lineage::Moved(42, "sqlite:/x".into()))
         );
-        for bad in [&b""[..], b"0", b"042", b"42 ", b"42 moved-to ", b"42 gone", b"x"] {
+        for bad in [
+            &b""[..],
+            b"0",
+            b"042",
+            b"42 ",
+            b"42 moved-to ",
+            b"42 gone",
+            b"x",
+        ] {
             assert!(parse_lineage(bad).is_err(), "{bad:?}");
         }
     }
