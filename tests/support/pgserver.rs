@@ -7,10 +7,16 @@
 //! as an unprivileged user (`postgres` if the system has it, else `nobody`)
 //! through `runuser`. Binaries come from `$PG_BINDIR`, else from
 //! `pg_config --bindir` (`$PG_CONFIG`, else `pg_config` on PATH).
+//!
+//! Streaming replication, for failover tests: [`PgServer::start_primary`],
+//! [`PgServer::replica_of`] (`pg_basebackup -R`, asynchronous),
+//! [`PgServer::catch_up`], [`PgServer::stop_streaming`] and
+//! [`PgServer::promote`]. Every wait is a bounded poll of a condition.
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
@@ -71,7 +77,161 @@ impl PgServer {
         Self::start_with(true)
     }
 
+    /// A server ready to be the primary of streaming replicas
+    /// ([`PgServer::replica_of`]): `wal_level = replica`, WAL senders and
+    /// slots, and replication connections from 127.0.0.1 trusted. Otherwise
+    /// as [`PgServer::start`].
+    pub fn start_primary() -> Result<Self> {
+        let server = Self::init(false)?;
+        append(
+            &server.data().join("postgresql.conf"),
+            "\n# fencecheck tests: a primary for streaming replicas\n\
+             wal_level = replica\nmax_wal_senders = 8\nmax_replication_slots = 8\n\
+             wal_keep_size = '64MB'\n",
+        )?;
+        // initdb -A trust already writes this line; stated here so the
+        // primary does not depend on initdb's defaults.
+        append(
+            &server.data().join("pg_hba.conf"),
+            "\nhost replication all 127.0.0.1/32 trust\n",
+        )?;
+        server.pg_ctl_start()?;
+        Ok(server)
+    }
+
+    /// An asynchronous streaming replica of `primary` (a hot standby):
+    /// `pg_basebackup -R -X stream` into its own temporary directory, as
+    /// the same user, started on its own free port. It replays what the
+    /// primary streams until [`PgServer::stop_streaming`] or
+    /// [`PgServer::promote`]; read-only until promoted.
+    pub fn replica_of(primary: &PgServer) -> Result<Self> {
+        let replica = Self::empty(primary.durable)?;
+        replica.check(
+            replica
+                .command("pg_basebackup")
+                .args(["-h", "127.0.0.1", "-U", "postgres", "-p"])
+                .arg(primary.port.to_string())
+                .args(["-R", "-X", "stream", "-c", "fast", "--no-sync", "-D"])
+                .arg(replica.data()),
+        )?;
+        replica.pg_ctl_start()?;
+        Ok(replica)
+    }
+
+    /// On a replica: wait (bounded: 30 s) until it has replayed everything
+    /// `primary` has written so far.
+    pub fn catch_up(&self, primary: &PgServer) -> Result<()> {
+        let target: String = primary
+            .client()?
+            .query_one("SELECT pg_current_wal_lsn()::text", &[])?
+            .get(0);
+        let mut client = self.client()?;
+        self.wait_for(&format!("replay to reach {target}"), || {
+            Ok(client
+                .query_one(
+                    "SELECT coalesce(pg_last_wal_replay_lsn() >= $1::text::pg_lsn, false)",
+                    &[&target],
+                )?
+                .get(0))
+        })
+    }
+
+    /// On a replica: stop receiving WAL, deterministically. Its
+    /// `primary_conninfo` is emptied and the configuration reloaded, then
+    /// this waits (bounded) until its WAL receiver has exited and the
+    /// primary (if given) has no replication connection left. From then
+    /// on nothing the primary commits reaches this server; the server stays
+    /// up, read-only, as a lagging asynchronous replica would be.
+    ///
+    /// (`pg_wal_replay_pause()` does not do this: WAL keeps arriving while
+    /// replay is paused, and promotion replays all of it.)
+    pub fn stop_streaming(&self, primary: Option<&PgServer>) -> Result<()> {
+        let mut client = self.client()?;
+        // ALTER SYSTEM refuses to run in a transaction block: one statement
+        // per call.
+        client.batch_execute("ALTER SYSTEM SET primary_conninfo = ''")?;
+        client.batch_execute("SELECT pg_reload_conf()")?;
+        self.wait_for("the WAL receiver to exit", || {
+            let receivers: i64 = client
+                .query_one("SELECT count(*) FROM pg_stat_wal_receiver", &[])?
+                .get(0);
+            Ok(receivers == 0)
+        })?;
+        if let Some(primary) = primary {
+            let mut client = primary.client()?;
+            self.wait_for("the primary's WAL senders to exit", || {
+                let senders: i64 = client
+                    .query_one("SELECT count(*) FROM pg_stat_replication", &[])?
+                    .get(0);
+                Ok(senders == 0)
+            })?;
+        }
+        Ok(())
+    }
+
+    /// On a replica: `pg_ctl promote`, waiting until it accepts writes.
+    pub fn promote(&self) -> Result<()> {
+        self.check(
+            self.command("pg_ctl")
+                .args(["-w", "-t", "60", "-D"])
+                .arg(self.data())
+                .arg("promote"),
+        )?;
+        let in_recovery: bool = self
+            .client()?
+            .query_one("SELECT pg_is_in_recovery()", &[])?
+            .get(0);
+        if in_recovery {
+            bail!("still in recovery after pg_ctl promote\n{}", self.log());
+        }
+        Ok(())
+    }
+
+    /// Poll `done` every 20 ms until it is true (bounded: 30 s).
+    fn wait_for(&self, what: &str, mut done: impl FnMut() -> Result<bool>) -> Result<()> {
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(30) {
+            if done()? {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        bail!(
+            "timed out waiting for {what}\n--- server log ---\n{}",
+            self.log()
+        )
+    }
+
     fn start_with(durable: bool) -> Result<Self> {
+        let server = Self::init(durable)?;
+        server.pg_ctl_start()?;
+        Ok(server)
+    }
+
+    /// initdb a new cluster, not started.
+    fn init(durable: bool) -> Result<Self> {
+        let server = Self::empty(durable)?;
+        server.check(
+            server
+                .command("initdb")
+                .args([
+                    "-A",
+                    "trust",
+                    "-U",
+                    "postgres",
+                    "-E",
+                    "UTF8",
+                    "--no-sync",
+                    "-D",
+                ])
+                .arg(server.data()),
+        )?;
+        Ok(server)
+    }
+
+    /// A fresh directory (owned by the server's user) and a free port; no
+    /// data directory yet.
+    fn empty(durable: bool) -> Result<Self> {
         let bin = bin_dir()?;
         let run_as = if is_root()? {
             Some(
@@ -101,22 +261,6 @@ impl PgServer {
         if let Some(user) = &server.run_as {
             server.check(Command::new("chown").arg(user).arg(&server.root))?;
         }
-        server.check(
-            server
-                .command("initdb")
-                .args([
-                    "-A",
-                    "trust",
-                    "-U",
-                    "postgres",
-                    "-E",
-                    "UTF8",
-                    "--no-sync",
-                    "-D",
-                ])
-                .arg(server.data()),
-        )?;
-        server.pg_ctl_start()?;
         Ok(server)
     }
 
@@ -242,6 +386,16 @@ impl PgServer {
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.root.join("server.log")).unwrap_or_default()
     }
+}
+
+/// Append `text` to the file at `path`.
+fn append(path: &Path, text: &str) -> Result<()> {
+    use std::io::Write;
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(path)
+        .and_then(|mut f| f.write_all(text.as_bytes()))
+        .with_context(|| format!("appending to {}", path.display()))
 }
 
 /// Connect to `url`, retrying while a server restarts (bounded: 30 s), for
