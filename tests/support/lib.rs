@@ -2,6 +2,7 @@
 //! process (the component is compiled once), and the vector files.
 
 pub mod history;
+pub mod netns;
 pub mod pgserver;
 
 use std::path::PathBuf;

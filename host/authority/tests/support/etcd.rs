@@ -12,9 +12,11 @@ use std::fs::File;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
+use fencecheck_tests::netns::Net;
 
 /// Where the tests expect etcd (Debian's `etcd-server`, 3.4).
 pub const ETCD: &str = "/usr/bin/etcd";
@@ -58,9 +60,11 @@ struct Member {
     stopped: bool,
 }
 
-/// A running etcd cluster of child processes on 127.0.0.1.
+/// A running etcd cluster of child processes on 127.0.0.1, or each member
+/// in a network namespace of its own ([`Cluster::start_in`]).
 pub struct Cluster {
     members: Vec<Member>,
+    net: Option<Arc<Net>>,
     initial_cluster: String,
     token: String,
     http: ureq::Agent,
@@ -72,10 +76,22 @@ impl Cluster {
     /// Start `size` members and wait until they agree on a leader. Retries
     /// with new ports if one was taken between choosing and binding it.
     pub fn start(size: usize) -> Result<Self> {
+        Self::start_with(size, None)
+    }
+
+    /// Start `size` members, member `i` in `net`'s node `i` (its own
+    /// namespace), listening on that node's address; the test reaches them
+    /// only from threads inside their namespaces.
+    pub fn start_in(net: Arc<Net>, size: usize) -> Result<Self> {
+        ensure!(size <= net.size(), "{size} members on {} nodes", net.size());
+        Self::start_with(size, Some(net))
+    }
+
+    fn start_with(size: usize, net: Option<Arc<Net>>) -> Result<Self> {
         let binary = etcd_binary()?;
         let mut last = None;
         for _ in 0..3 {
-            match Self::try_start(&binary, size) {
+            match Self::try_start(&binary, size, net.clone()) {
                 Ok(cluster) => return Ok(cluster),
                 Err(e) => last = Some(e),
             }
@@ -84,7 +100,7 @@ impl Cluster {
             .context(format!("starting a {size}-member etcd cluster"))
     }
 
-    fn try_start(binary: &Path, size: usize) -> Result<Self> {
+    fn try_start(binary: &Path, size: usize, net: Option<Arc<Net>>) -> Result<Self> {
         ensure!(size > 0, "a cluster needs members");
         let dir = tempfile::Builder::new()
             .prefix("fencecheck-etcd-")
@@ -93,9 +109,14 @@ impl Cluster {
         let mut members = Vec::with_capacity(size);
         for i in 0..size {
             let name = format!("m{i}");
+            // In a namespace of its own a member has its address to itself.
+            let (host, client, peer) = match &net {
+                Some(net) => (net.addr(i).to_string(), 2379, 2380),
+                None => ("127.0.0.1".to_owned(), ports[2 * i], ports[2 * i + 1]),
+            };
             members.push(Member {
-                client_url: format!("http://127.0.0.1:{}", ports[2 * i]),
-                peer_url: format!("http://127.0.0.1:{}", ports[2 * i + 1]),
+                client_url: format!("http://{host}:{client}"),
+                peer_url: format!("http://{host}:{peer}"),
                 data_dir: dir.path().join(&name),
                 log: dir.path().join(format!("{name}.log")),
                 name,
@@ -124,6 +145,7 @@ impl Cluster {
             .into();
         let mut cluster = Self {
             members,
+            net,
             initial_cluster,
             token,
             http,
@@ -143,7 +165,10 @@ impl Cluster {
             .append(true)
             .open(&m.log)
             .with_context(|| format!("opening {}", m.log.display()))?;
-        let mut command = Command::new(binary);
+        let mut command = match &self.net {
+            Some(net) => net.command(i, binary),
+            None => Command::new(binary),
+        };
         // The environment must not reconfigure the members (ETCD_* variables).
         for (key, _) in std::env::vars_os() {
             if key.to_string_lossy().starts_with("ETCD") {
@@ -197,8 +222,21 @@ impl Cluster {
         self.members[i].child.is_some() && !self.members[i].stopped
     }
 
-    /// Member `i`'s status (`/v3/maintenance/status`).
+    /// Member `i`'s status (`/v3/maintenance/status`), asked from inside its
+    /// namespace if it has one.
     pub fn status(&self, i: usize) -> Result<Status> {
+        match &self.net {
+            Some(net) => net.run_in(i, || self.status_here(i)),
+            None => self.status_here(i),
+        }
+    }
+
+    /// The network the members are in, if any.
+    pub fn net(&self) -> Option<&Arc<Net>> {
+        self.net.as_ref()
+    }
+
+    fn status_here(&self, i: usize) -> Result<Status> {
         let url = format!("{}/v3/maintenance/status", self.members[i].client_url);
         let mut response = self
             .http
