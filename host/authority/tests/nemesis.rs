@@ -28,7 +28,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use etcd::Cluster;
-use etcd_clients::{Clients, Grant, check_history, check_store, next_grant_is_above, summary};
+use etcd_clients::{
+    Clients, Grant, check_fenced_writes, check_history, check_store, next_grant_is_above, summary,
+};
 use fencecheck_tests::history::Rng;
 use fencecheck_tests::netns::Net;
 
@@ -37,6 +39,8 @@ const CLIENTS: usize = 2;
 /// How long each fault of the schedule lasts (a schedule, not a wait for a
 /// condition: progress is required after each heal, with a bound).
 const HOLD: Duration = Duration::from_millis(1_500);
+/// The clients' lease length (`Clients` starts them with `--ttl-ms 1000`).
+const TTL_MS: u64 = 1_000;
 
 /// A TCP connection from node `from` to a listener on node `to`, made
 /// from inside `from`'s namespace: `Ok(true)` if it connected and echoed.
@@ -124,12 +128,15 @@ fn longest_gap_ms(grants: &[Grant]) -> u128 {
     ends.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0) / 1_000_000
 }
 
-/// Two client processes (own namespaces) acquire and release one lock on a
+/// Two client processes (own namespaces) acquire, write through the fence
+/// to a shared SQLite resource, and release one lock on a
 /// 3-member cluster (own namespaces) through a seeded schedule of eight
 /// partitions (more with `FENCECHECK_NEMESIS_MINUTES`), each healed before
 /// the next: no token is ever granted twice
 /// or below one granted before its request, etcd's committed history passes
-/// the checker, and the lock makes progress after every heal.
+/// the checker, no write below an applied token becomes visible, a client
+/// told stale-fence stops, no two leases are believed held at once, and the
+/// lock makes progress after every heal.
 #[test]
 fn partitions_never_reorder_grants() -> Result<()> {
     let seed = seed()?;
@@ -137,17 +144,36 @@ fn partitions_never_reorder_grants() -> Result<()> {
     let net = Arc::new(Net::new(MEMBERS + CLIENTS)?);
     let mut cluster = Cluster::start_in(net.clone(), MEMBERS)?;
     let authority = cluster.status(0)?.cluster_id;
-    let mut clients = Clients::spawn(&cluster, CLIENTS, 1_000_000)?;
-    clients.wait_grants(20, "before faults")?;
-
-    let mut rng = Rng(seed);
-    let started = Instant::now();
-    let mut schedule = Vec::new();
     let minutes: u64 = match std::env::var("FENCECHECK_NEMESIS_MINUTES") {
         Ok(text) => text.parse().context("FENCECHECK_NEMESIS_MINUTES")?,
         Err(_) => 0,
     };
     let soak = Duration::from_secs(minutes * 60);
+    // The clients outlive the schedule (they stop when told), write each
+    // grant twice through the fence to one shared SQLite resource, and
+    // every tenth lease pause past its end before writing.
+    let dir = tempfile::tempdir()?;
+    let resource = dir.path().join("resource.db");
+    let extra = [
+        "--resource".to_owned(),
+        resource.display().to_string(),
+        "--writes".to_owned(),
+        "2".to_owned(),
+        "--pause-every".to_owned(),
+        "10".to_owned(),
+    ];
+    let mut clients = Clients::spawn_with(
+        &cluster,
+        CLIENTS,
+        u64::MAX,
+        120 + 2 * soak.as_secs(),
+        &extra,
+    )?;
+    clients.wait_grants(20, "before faults")?;
+
+    let mut rng = Rng(seed);
+    let started = Instant::now();
+    let mut schedule = Vec::new();
     let mut round = 0;
     while round < 8 || started.elapsed() < soak {
         round += 1;
@@ -195,12 +221,23 @@ fn partitions_never_reorder_grants() -> Result<()> {
     let tally = clients.finish()?;
     let cross = check_history(&tally.grants, authority)?;
     let committed = check_store(&cluster, &tally)?;
+    let writes = check_fenced_writes(&tally, &resource, TTL_MS)?;
     summary("nemesis", &tally, cross, committed);
     eprintln!(
-        "nemesis seed {seed}: {} faults, longest time without a grant {} ms, verdict: ok",
+        "nemesis seed {seed}: {} faults, {} pauses past the lease; writes {} applied, {} stale \
+         (each stopped its lease), {} errors; closest two leases came to overlapping: {} µs; \
+         longest time without a grant {} ms; verdict: ok",
         schedule.len(),
+        tally.pauses,
+        writes.applied,
+        writes.stale,
+        writes.errors,
+        writes
+            .closest_us
+            .map_or("n/a".to_owned(), |c| c.to_string()),
         longest_gap_ms(&tally.grants)
     );
+    ensure!(writes.applied > 0, "no write was applied");
     ensure!(
         cross > 0,
         "no grant was ordered after another process's grant"
@@ -209,4 +246,73 @@ fn partitions_never_reorder_grants() -> Result<()> {
         bail!("only one client ever acquired");
     }
     next_grant_is_above(&cluster, &tally.grants)
+}
+
+/// The fenced-write checks can fail: a write after stale-fence, a lower
+/// token made visible, an acknowledged write missing, a refused one
+/// visible, and two overlapping lease beliefs are each caught.
+#[test]
+fn fenced_write_checker_catches_violations() -> Result<()> {
+    use etcd_clients::{Tally, Write};
+    let dir = tempfile::tempdir()?;
+    let db = dir.path().join("resource.db");
+    let conn = rusqlite::Connection::open(&db)?;
+    conn.execute_batch(
+        "CREATE TABLE visible (seq INTEGER PRIMARY KEY AUTOINCREMENT,
+             lease_id TEXT NOT NULL, n INTEGER NOT NULL, epoch INTEGER NOT NULL, counter INTEGER NOT NULL);
+         INSERT INTO visible (lease_id, n, epoch, counter) VALUES ('a', 1, 0, 1), ('b', 1, 0, 2);",
+    )?;
+    let ms = 1_000_000u128;
+    let grant = |process, lease: &str, counter, start: u128, end: u128| Grant {
+        process,
+        lease_id: lease.to_owned(),
+        token: fencecheck::Token::new(7, 0, counter),
+        start,
+        end,
+    };
+    let write = |lease: &str, n, outcome: &str| Write {
+        process: 0,
+        lease_id: lease.to_owned(),
+        n,
+        outcome: outcome.to_owned(),
+        start: 0,
+        end: 0,
+    };
+    let good = || Tally {
+        grants: vec![
+            grant(0, "a", 1, 0, ms),
+            grant(1, "b", 2, 1_500 * ms, 1_600 * ms),
+        ],
+        writes: vec![write("a", 1, "applied"), write("b", 1, "applied")],
+        ..Tally::default()
+    };
+    ensure!(check_fenced_writes(&good(), &db, TTL_MS)?.applied == 2);
+
+    let mut after_stale = good();
+    after_stale.writes = vec![write("a", 1, "stale"), write("a", 2, "applied")];
+    ensure!(check_fenced_writes(&after_stale, &db, TTL_MS).is_err());
+
+    let mut lost = good();
+    lost.writes.push(write("b", 2, "applied"));
+    ensure!(check_fenced_writes(&lost, &db, TTL_MS).is_err());
+
+    let mut refused_visible = good();
+    refused_visible.writes[1].outcome = "stale".to_owned();
+    ensure!(check_fenced_writes(&refused_visible, &db, TTL_MS).is_err());
+
+    let mut overlap = good();
+    overlap.grants[1] = grant(1, "b", 2, 500 * ms, 600 * ms); // a believes until 1000 ms
+    ensure!(check_fenced_writes(&overlap, &db, TTL_MS).is_err());
+    overlap.released_at.insert("a".to_owned(), 550 * ms); // a released first
+    ensure!(check_fenced_writes(&overlap, &db, TTL_MS).is_ok());
+
+    conn.execute(
+        "INSERT INTO visible (lease_id, n, epoch, counter) VALUES ('c', 1, 0, 1)",
+        [],
+    )?;
+    ensure!(
+        check_fenced_writes(&good(), &db, TTL_MS).is_err(),
+        "a lower token after a higher one"
+    );
+    Ok(())
 }

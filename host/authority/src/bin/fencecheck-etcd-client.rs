@@ -5,7 +5,14 @@
 //! - `grant LEASE_ID AUTHORITY EPOCH COUNTER START_NS END_NS`: an acquisition,
 //!   with `CLOCK_MONOTONIC` (shared by every process on the machine) read
 //!   just before the request and just after the answer;
-//! - `release LEASE_ID released|not-owner|error`;
+//! - `write LEASE_ID N applied|stale|error START_NS END_NS` (with
+//!   `--resource`): the lease's N-th write through the fence to a shared
+//!   SQLite resource (policy `allow-equal`, op-id `LEASE_ID-N`); an applied
+//!   write also inserts a row into the resource's `visible` log in the same
+//!   transaction. After `stale` the client writes no more under that lease;
+//! - `pause LEASE_ID MS` (with `--pause-every`): the client stopped for MS
+//!   milliseconds, past its lease, before writing (a GC pause);
+//! - `release LEASE_ID released|not-owner|error START_NS`;
 //! - `busy`, `error LEASE_ID MESSAGE` for acquisitions that did not grant
 //!   (an error's outcome is unknown: it may have granted);
 //! - `done CYCLES` at the end.
@@ -16,7 +23,7 @@
 //! ```text
 //! fencecheck-etcd-client --endpoints http://127.0.0.1:2379,... --lock L --name N
 //!     [--ttl-ms 1000] [--timeout-ms 1000] [--cycles 100000] [--seconds 120]
-//!     [--stop-file PATH]
+//!     [--stop-file PATH] [--resource PATH --writes 2 --pause-every 0]
 //! ```
 
 use std::io::Write;
@@ -25,7 +32,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fencecheck::Runtime;
+use fencecheck::{Fenced, Instance, Policy, Rejection, Request, Runtime, Token};
 use fencecheck_authority::{
     AcquireOutcome, Coordinator, EtcdCoordinator, EtcdOptions, ReleaseOutcome, SystemClock,
 };
@@ -39,6 +46,9 @@ struct Args {
     cycles: u64,
     seconds: u64,
     stop_file: Option<PathBuf>,
+    resource: Option<PathBuf>,
+    writes: u64,
+    pause_every: u64,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -51,6 +61,9 @@ fn parse_args() -> Result<Args, String> {
         cycles: 100_000,
         seconds: 120,
         stop_file: None,
+        resource: None,
+        writes: 2,
+        pause_every: 0,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -69,6 +82,9 @@ fn parse_args() -> Result<Args, String> {
             "--cycles" => args.cycles = number()?,
             "--seconds" => args.seconds = number()?,
             "--stop-file" => args.stop_file = Some(value.into()),
+            "--resource" => args.resource = Some(value.into()),
+            "--writes" => args.writes = number()?,
+            "--pause-every" => args.pause_every = number()?,
             _ => return Err(format!("unknown argument {flag}")),
         }
     }
@@ -84,12 +100,58 @@ fn monotonic_ns() -> u128 {
     u128::try_from(t.tv_sec).unwrap_or(0) * 1_000_000_000 + u128::try_from(t.tv_nsec).unwrap_or(0)
 }
 
+/// The shared resource: the fence tables, and a log of every applied write.
+fn open_resource(path: &std::path::Path) -> Result<rusqlite::Connection, String> {
+    let setup = || -> Result<rusqlite::Connection, Box<dyn std::error::Error>> {
+        let conn = rusqlite::Connection::open(path)?;
+        conn.busy_timeout(Duration::from_secs(30))?;
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        fencecheck_sqlite::install(&conn)?;
+        conn.execute_batch(
+            "CREATE TABLE IF NOT EXISTS visible (
+                 seq INTEGER PRIMARY KEY AUTOINCREMENT,
+                 lease_id TEXT NOT NULL, n INTEGER NOT NULL,
+                 epoch INTEGER NOT NULL, counter INTEGER NOT NULL)",
+        )?;
+        Ok(conn)
+    };
+    setup().map_err(|e| format!("opening the resource {}: {e}", path.display()))
+}
+
+/// One write through the fence; "applied", "stale" or "error".
+fn write(
+    conn: &mut rusqlite::Connection,
+    guest: &mut Instance,
+    lock: &str,
+    lease_id: &str,
+    n: u64,
+    token: Token,
+) -> &'static str {
+    let request =
+        Request::new(lock, token, Policy::AllowEqual).with_op_id(format!("{lease_id}-{n}"));
+    let outcome = fencecheck_sqlite::fenced_write(conn, guest, &request, |tx, _| {
+        tx.execute(
+            "INSERT INTO visible (lease_id, n, epoch, counter) VALUES (?1, ?2, ?3, ?4)",
+            rusqlite::params![lease_id, n as i64, token.epoch as i64, token.counter as i64],
+        )
+    });
+    match outcome {
+        Ok(Fenced::Applied { .. }) => "applied",
+        Ok(Fenced::Rejected(Rejection::StaleFence { .. })) => "stale",
+        Ok(Fenced::Rejected(_)) | Err(_) => "error",
+    }
+}
+
 fn run(args: &Args) -> Result<u64, String> {
     let options = EtcdOptions {
         request_timeout: Duration::from_millis(args.timeout_ms),
         ..EtcdOptions::new(args.endpoints.clone())
     };
     let runtime = Runtime::new().map_err(|e| format!("loading the component: {e}"))?;
+    let mut guest = runtime
+        .instance()
+        .map_err(|e| format!("instantiating the component: {e}"))?;
+    let mut resource = args.resource.as_deref().map(open_resource).transpose()?;
     let coordinator = EtcdCoordinator::with_options(options, runtime, Arc::new(SystemClock))
         .map_err(|e| format!("connecting: {e}"))?;
     let deadline = Instant::now() + Duration::from_secs(args.seconds);
@@ -116,12 +178,31 @@ fn run(args: &Args) -> Result<u64, String> {
                     "grant {lease_id} {} {} {} {start} {end}",
                     t.authority, t.epoch, t.counter
                 ))?;
+                if let Some(conn) = resource.as_mut() {
+                    if args.pause_every > 0 && cycle % args.pause_every == 0 {
+                        // Past the lease: another client may take the lock
+                        // and write a higher token meanwhile.
+                        let ms = args.ttl_ms + 200;
+                        say(format!("pause {lease_id} {ms}"))?;
+                        std::thread::sleep(Duration::from_millis(ms));
+                    }
+                    for n in 1..=args.writes {
+                        let start = monotonic_ns();
+                        let outcome = write(conn, &mut guest, &args.lock, &lease_id, n, t);
+                        let end = monotonic_ns();
+                        say(format!("write {lease_id} {n} {outcome} {start} {end}"))?;
+                        if outcome == "stale" {
+                            break; // told stale-fence: stop working under this lease
+                        }
+                    }
+                }
+                let start = monotonic_ns();
                 let released = match coordinator.release(&args.lock, &lease_id, t) {
                     Ok(ReleaseOutcome::Released) => "released",
                     Ok(ReleaseOutcome::NotOwner) => "not-owner",
                     Err(_) => "error",
                 };
-                say(format!("release {lease_id} {released}"))?;
+                say(format!("release {lease_id} {released} {start}"))?;
             }
             Ok(AcquireOutcome::Busy { .. }) => {
                 say("busy".into())?;

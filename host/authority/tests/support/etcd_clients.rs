@@ -4,7 +4,7 @@
 //! each client in a namespace of its own, after the members' nodes).
 #![allow(dead_code)] // each test binary uses a different subset
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -49,6 +49,25 @@ pub struct Tally {
     pub unknown: Vec<String>,
     pub release_errors: usize,
     pub done: Vec<usize>,
+    /// When each lease's release request was sent (CLOCK_MONOTONIC).
+    pub released_at: HashMap<String, u128>,
+    /// Writes through the fence (`--resource`), in the order reported.
+    pub writes: Vec<Write>,
+    /// How many leases were paused past their end before writing.
+    pub pauses: usize,
+}
+
+/// One write through the fence, as a client reported it.
+#[derive(Clone, Debug)]
+pub struct Write {
+    pub process: usize,
+    pub lease_id: String,
+    /// 1 for the lease's first write, 2 for its second, ….
+    pub n: u64,
+    /// `applied`, `stale` or `error`.
+    pub outcome: String,
+    pub start: u128,
+    pub end: u128,
 }
 
 /// The running client processes and the lines they printed so far.
@@ -64,11 +83,18 @@ impl Clients {
     /// Start `n` client processes on `cluster`, each for at most `cycles`
     /// acquisitions (and 120 s), all on the same lock.
     pub fn spawn(cluster: &Cluster, n: usize, cycles: u64) -> Result<Self> {
-        Self::spawn_for(cluster, n, cycles, 120)
+        Self::spawn_with(cluster, n, cycles, 120, &[])
     }
 
-    /// [`Clients::spawn`], each client stopping after `seconds` at most.
-    pub fn spawn_for(cluster: &Cluster, n: usize, cycles: u64, seconds: u64) -> Result<Self> {
+    /// [`Clients::spawn`], each client stopping after `seconds` at most and
+    /// given `extra` arguments (e.g. `--resource PATH`).
+    pub fn spawn_with(
+        cluster: &Cluster,
+        n: usize,
+        cycles: u64,
+        seconds: u64,
+        extra: &[String],
+    ) -> Result<Self> {
         let dir = tempfile::Builder::new()
             .prefix("fencecheck-clients-")
             .tempdir()?;
@@ -105,6 +131,7 @@ impl Clients {
                 ])
                 .arg("--stop-file")
                 .arg(&clients.stop_file)
+                .args(extra)
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::inherit())
@@ -137,8 +164,23 @@ impl Clients {
                     end: end.parse()?,
                 });
             }
-            ["release", _, "released" | "not-owner"] => {}
-            ["release", _, "error"] => self.tally.release_errors += 1,
+            ["release", lease_id, outcome, start] => {
+                if *outcome == "error" {
+                    self.tally.release_errors += 1;
+                }
+                self.tally
+                    .released_at
+                    .insert((*lease_id).to_owned(), start.parse()?);
+            }
+            ["write", lease_id, n, outcome, start, end] => self.tally.writes.push(Write {
+                process,
+                lease_id: (*lease_id).to_owned(),
+                n: n.parse()?,
+                outcome: (*outcome).to_owned(),
+                start: start.parse()?,
+                end: end.parse()?,
+            }),
+            ["pause", _, _] => self.tally.pauses += 1,
             ["busy"] => self.tally.busy += 1,
             ["error", lease_id, ..] => {
                 self.tally.unknown.push((*lease_id).to_owned());
@@ -315,4 +357,109 @@ pub fn summary(what: &str, t: &Tally, cross: usize, committed: usize) {
         t.release_errors,
         t.done
     );
+}
+
+/// What the fenced writes showed (see [`check_fenced_writes`]).
+#[derive(Debug)]
+pub struct WriteSummary {
+    pub applied: usize,
+    pub stale: usize,
+    pub errors: usize,
+    /// The closest two different leases came to being believed held at
+    /// once, in microseconds (negative would be an overlap, which fails).
+    pub closest_us: Option<i128>,
+}
+
+/// The resource side of a run with `--resource`:
+/// - every client told `stale-fence` stopped: no later write under that lease;
+/// - the resource's log of applied writes, in commit order, never goes
+///   below a token it already applied (no write below an applied token
+///   became visible), holds every write a client was told was applied, and
+///   none it was told was stale;
+/// - no two leases were believed held at once: a client believes from the
+///   grant's answer until `ttl` after its request was sent or until it sent
+///   the release, whichever is first (the conservative deadline).
+pub fn check_fenced_writes(
+    tally: &Tally,
+    resource: &std::path::Path,
+    ttl_ms: u64,
+) -> Result<WriteSummary> {
+    let mut stopped = HashSet::new();
+    for w in &tally.writes {
+        ensure!(
+            !stopped.contains(&w.lease_id),
+            "{} wrote after it was told stale-fence: {w:?}",
+            w.lease_id
+        );
+        if w.outcome == "stale" {
+            stopped.insert(w.lease_id.clone());
+        }
+    }
+
+    let conn = rusqlite::Connection::open(resource)?;
+    let mut stmt = conn.prepare("SELECT lease_id, n, epoch, counter FROM visible ORDER BY seq")?;
+    let visible: Vec<(String, i64, i64, i64)> = stmt
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?
+        .collect::<Result<_, _>>()?;
+    let mut highest = (0, 0);
+    for (lease_id, n, epoch, counter) in &visible {
+        ensure!(
+            (*epoch, *counter) >= highest,
+            "write {lease_id}/{n} with {epoch}.{counter} became visible after {}.{}",
+            highest.0,
+            highest.1
+        );
+        highest = (*epoch, *counter);
+    }
+    let seen: HashSet<(String, u64)> = visible
+        .iter()
+        .map(|(l, n, _, _)| (l.clone(), *n as u64))
+        .collect();
+    for w in &tally.writes {
+        let key = (w.lease_id.clone(), w.n);
+        match w.outcome.as_str() {
+            "applied" => ensure!(seen.contains(&key), "acknowledged write lost: {w:?}"),
+            "stale" => ensure!(!seen.contains(&key), "refused write visible: {w:?}"),
+            _ => {}
+        }
+    }
+
+    let ttl_ns = u128::from(ttl_ms) * 1_000_000;
+    let mut beliefs: Vec<(u128, u128, &str)> = tally
+        .grants
+        .iter()
+        .map(|g| {
+            let deadline = g.start + ttl_ns;
+            let until = tally
+                .released_at
+                .get(&g.lease_id)
+                .map_or(deadline, |r| (*r).min(deadline));
+            (g.end, until, g.lease_id.as_str())
+        })
+        .filter(|(from, until, _)| from < until)
+        .collect();
+    beliefs.sort_unstable();
+    let mut closest: Option<i128> = None;
+    let mut latest: Option<(u128, &str)> = None; // the latest-ending belief so far
+    for (from, until, lease) in beliefs {
+        if let Some((end, other)) = latest {
+            let gap = (from as i128 - end as i128) / 1_000;
+            ensure!(
+                gap >= 0,
+                "{lease} believed it held the lock {} µs before {other}'s belief ended",
+                -gap
+            );
+            closest = Some(closest.map_or(gap, |c| c.min(gap)));
+        }
+        if latest.is_none_or(|(end, _)| until > end) {
+            latest = Some((until, lease));
+        }
+    }
+    let count = |o: &str| tally.writes.iter().filter(|w| w.outcome == o).count();
+    Ok(WriteSummary {
+        applied: count("applied"),
+        stale: count("stale"),
+        errors: count("error"),
+        closest_us: closest,
+    })
 }
