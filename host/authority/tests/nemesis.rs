@@ -2,8 +2,10 @@
 //! process in a namespace of its own (tests/support/netns.rs), and a seeded
 //! nemesis that cuts links between them — a minority member isolated, the
 //! leader isolated, a client cut off from the majority, a bridge (two
-//! halves that share one member) — and heals, while client processes
-//! acquire and release one lock. Afterwards the same checks as the loopback
+//! halves that share one member) — heals, and changes membership (a member
+//! removed and replaced by a new one on a fresh node), while client
+//! processes acquire one lock, write through the fence to a shared SQLite
+//! resource (some pausing past their lease first), and release it. Afterwards the same checks as the loopback
 //! process tests: every grant etcd committed, in commit order, passes the
 //! shared history checker and matches what the clients were told, and every
 //! token is greater than every token granted before its request started.
@@ -36,6 +38,8 @@ use fencecheck_tests::netns::Net;
 
 const MEMBERS: usize = 3;
 const CLIENTS: usize = 2;
+/// Nodes for members that replace others (membership changes).
+const SPARES: usize = 4;
 /// How long each fault of the schedule lasts (a schedule, not a wait for a
 /// condition: progress is required after each heal, with a bound).
 const HOLD: Duration = Duration::from_millis(1_500);
@@ -108,6 +112,9 @@ enum Fault {
     /// each other, member 1 reaches both; client 0 sits with 0, client 1
     /// with 2.
     Bridge,
+    /// Membership change under load: a member removed from the cluster and
+    /// killed, and a new, empty member added on a fresh node in its place.
+    ReplaceMember,
 }
 
 /// The seed: `FENCECHECK_NEMESIS_SEED`, else from the clock (printed).
@@ -141,7 +148,7 @@ fn longest_gap_ms(grants: &[Grant]) -> u128 {
 fn partitions_never_reorder_grants() -> Result<()> {
     let seed = seed()?;
     eprintln!("nemesis seed {seed} (FENCECHECK_NEMESIS_SEED={seed} replays the schedule)");
-    let net = Arc::new(Net::new(MEMBERS + CLIENTS)?);
+    let net = Arc::new(Net::new(MEMBERS + CLIENTS + SPARES)?);
     let mut cluster = Cluster::start_in(net.clone(), MEMBERS)?;
     let authority = cluster.status(0)?.cluster_id;
     let minutes: u64 = match std::env::var("FENCECHECK_NEMESIS_MINUTES") {
@@ -174,39 +181,51 @@ fn partitions_never_reorder_grants() -> Result<()> {
     let mut rng = Rng(seed);
     let started = Instant::now();
     let mut schedule = Vec::new();
+    let mut replaced = 0;
     let mut round = 0;
     while round < 8 || started.elapsed() < soak {
         round += 1;
-        let fault = match rng.below(4) {
-            0 => Fault::IsolateFollower,
+        // Round 4 always changes membership, while spare nodes last.
+        let fault = match rng.below(5) {
+            _ if round == 4 => Fault::ReplaceMember,
+            4 if replaced < SPARES => Fault::ReplaceMember,
+            0 | 4 => Fault::IsolateFollower,
             1 => Fault::IsolateLeader,
             2 => Fault::ClientToMinority,
             _ => Fault::Bridge,
         };
         let leader = cluster.wait_healthy()?;
         let client = |c: usize| MEMBERS + c;
+        let node = |m: usize| cluster.node(m);
         let what = match fault {
             Fault::IsolateFollower => {
                 let follower = (leader + 1 + rng.below(2) as usize) % MEMBERS;
-                net.isolate(follower)?;
+                net.isolate(node(follower))?;
                 format!("member {follower} (follower) isolated")
             }
             Fault::IsolateLeader => {
-                net.isolate(leader)?;
+                net.isolate(node(leader))?;
                 format!("member {leader} (leader) isolated")
             }
             Fault::ClientToMinority => {
                 let c = rng.below(CLIENTS as u64) as usize;
                 let keep = rng.below(MEMBERS as u64) as usize;
-                let others: Vec<usize> = (0..MEMBERS + CLIENTS)
-                    .filter(|&n| n != keep && n != client(c))
+                let others: Vec<usize> = (0..net.size())
+                    .filter(|&n| n != node(keep) && n != client(c))
                     .collect();
-                net.partition(&[&[client(c), keep], &others])?;
+                net.partition(&[&[client(c), node(keep)], &others])?;
                 format!("client {c} left with member {keep} only")
             }
             Fault::Bridge => {
-                net.partition(&[&[0, client(0)], &[2, client(1)]])?;
+                net.partition(&[&[node(0), client(0)], &[node(2), client(1)]])?;
                 "bridge: members 0 and 2 apart, 1 reaches both".to_owned()
+            }
+            Fault::ReplaceMember => {
+                let victim = rng.below(MEMBERS as u64) as usize;
+                let spare = MEMBERS + CLIENTS + replaced;
+                replaced += 1;
+                cluster.replace_member(victim, spare)?;
+                format!("member {victim} removed and replaced by a new member on node {spare}")
             }
         };
         let at = started.elapsed().as_millis();

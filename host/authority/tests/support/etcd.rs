@@ -52,6 +52,11 @@ pub struct Status {
 
 struct Member {
     name: String,
+    /// The net node it runs on (with a net).
+    node: usize,
+    /// `--initial-cluster` and `--initial-cluster-state` it was started with.
+    initial_cluster: String,
+    state: &'static str,
     client_url: String,
     peer_url: String,
     data_dir: PathBuf,
@@ -115,6 +120,9 @@ impl Cluster {
                 None => ("127.0.0.1".to_owned(), ports[2 * i], ports[2 * i + 1]),
             };
             members.push(Member {
+                node: i,
+                initial_cluster: String::new(),
+                state: "new",
                 client_url: format!("http://{host}:{client}"),
                 peer_url: format!("http://{host}:{peer}"),
                 data_dir: dir.path().join(&name),
@@ -143,6 +151,9 @@ impl Cluster {
             .timeout_global(Some(Duration::from_secs(2)))
             .build()
             .into();
+        for m in &mut members {
+            m.initial_cluster = initial_cluster.clone();
+        }
         let mut cluster = Self {
             members,
             net,
@@ -166,7 +177,7 @@ impl Cluster {
             .open(&m.log)
             .with_context(|| format!("opening {}", m.log.display()))?;
         let mut command = match &self.net {
-            Some(net) => net.command(i, binary),
+            Some(net) => net.command(m.node, binary),
             None => Command::new(binary),
         };
         // The environment must not reconfigure the members (ETCD_* variables).
@@ -184,9 +195,9 @@ impl Cluster {
             .args(["--advertise-client-urls", &m.client_url])
             .args(["--listen-peer-urls", &m.peer_url])
             .args(["--initial-advertise-peer-urls", &m.peer_url])
-            .args(["--initial-cluster", &self.initial_cluster])
+            .args(["--initial-cluster", &m.initial_cluster])
             .args(["--initial-cluster-token", &self.token])
-            .args(["--initial-cluster-state", "new"])
+            .args(["--initial-cluster-state", m.state])
             // Faster elections than the defaults (100/1000 ms): faults recover
             // within a second on loopback.
             .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
@@ -226,9 +237,128 @@ impl Cluster {
     /// namespace if it has one.
     pub fn status(&self, i: usize) -> Result<Status> {
         match &self.net {
-            Some(net) => net.run_in(i, || self.status_here(i)),
+            Some(net) => net.run_in(self.members[i].node, || self.status_here(i)),
             None => self.status_here(i),
         }
+    }
+
+    /// The net node member `i` runs on (its index, without a net).
+    pub fn node(&self, i: usize) -> usize {
+        self.members[i].node
+    }
+
+    /// POST `body` to `path` on member `via` (from inside its namespace).
+    fn post(&self, via: usize, path: &str, body: serde_json::Value) -> Result<serde_json::Value> {
+        let url = format!("{}{path}", self.members[via].client_url);
+        // Membership changes may take a few seconds while the cluster
+        // reconfigures: a longer limit than the status agent's.
+        let http: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_connect(Some(Duration::from_millis(500)))
+            .timeout_global(Some(Duration::from_secs(10)))
+            .build()
+            .into();
+        let call = || -> Result<serde_json::Value> {
+            let mut response = http
+                .post(&url)
+                .header("content-type", "application/json")
+                .send(body.to_string())
+                .with_context(|| format!("POST {url}"))?;
+            let status = response.status().as_u16();
+            let value: serde_json::Value =
+                serde_json::from_slice(&response.body_mut().read_to_vec()?)?;
+            ensure!(status == 200, "{url}: HTTP {status}: {value}");
+            Ok(value)
+        };
+        match &self.net {
+            Some(net) => net.run_in(self.members[via].node, call),
+            None => call(),
+        }
+    }
+
+    /// [`Cluster::post`] a membership change, repeated (bounded) while etcd
+    /// refuses it as an "unhealthy cluster": it accepts one only once a
+    /// quorum of the remaining members has been connected for 5 seconds.
+    fn post_when_healthy(
+        &self,
+        via: usize,
+        path: &str,
+        body: serde_json::Value,
+    ) -> Result<serde_json::Value> {
+        let deadline = Instant::now() + HEALTHY_WITHIN;
+        loop {
+            match self.post(via, path, body.clone()) {
+                Err(e) if format!("{e:#}").contains("unhealthy cluster") => {
+                    if Instant::now() >= deadline {
+                        return Err(e.context(format!("still refused after {HEALTHY_WITHIN:?}")));
+                    }
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Membership change under load: remove member `i` from the cluster
+    /// (`member/remove` through the leader), kill it, and add a new member
+    /// with an empty data directory on net node `node` in its place
+    /// (`member/add`, then started with `--initial-cluster-state existing`).
+    /// Waits until the cluster agrees on a leader again.
+    pub fn replace_member(&mut self, i: usize, node: usize) -> Result<()> {
+        let net = self
+            .net
+            .clone()
+            .ok_or_else(|| anyhow!("replacing a member needs a net"))?;
+        ensure!(
+            (0..self.size()).all(|m| self.members[m].node != node),
+            "node {node} already runs a member"
+        );
+        let leader = self.wait_healthy()?;
+        let via = if leader == i {
+            (i + 1) % self.size()
+        } else {
+            leader
+        };
+        let id = self.status(i)?.member_id;
+        self.post_when_healthy(
+            via,
+            "/v3/cluster/member/remove",
+            serde_json::json!({"ID": id.to_string()}),
+        )?;
+        if let Some(mut child) = self.members[i].child.take() {
+            child.kill()?;
+            child.wait()?;
+        }
+        let leader = self.wait_healthy()?;
+        let via = leader;
+        let peer_url = format!("http://{}:2380", net.addr(node));
+        self.post_when_healthy(
+            via,
+            "/v3/cluster/member/add",
+            serde_json::json!({"peerURLs": [peer_url]}),
+        )?;
+        let name = format!("m{i}n{node}");
+        let mut initial: Vec<String> = (0..self.size())
+            .filter(|&m| m != i)
+            .map(|m| format!("{}={}", self.members[m].name, self.members[m].peer_url))
+            .collect();
+        initial.push(format!("{name}={peer_url}"));
+        let dir = self.dir.path();
+        self.members[i] = Member {
+            node,
+            initial_cluster: initial.join(","),
+            state: "existing",
+            client_url: format!("http://{}:2379", net.addr(node)),
+            peer_url,
+            data_dir: dir.join(&name),
+            log: dir.join(format!("{name}.log")),
+            name,
+            child: None,
+            stopped: false,
+        };
+        self.spawn(&etcd_binary()?, i)?;
+        self.wait_healthy()?;
+        Ok(())
     }
 
     /// The network the members are in, if any.

@@ -308,7 +308,7 @@ pub fn check_history(grants: &[Grant], authority: u64) -> Result<usize> {
 pub fn check_store(cluster: &Cluster, tally: &Tally) -> Result<usize> {
     let states = || lease_history::etcd_states(&cluster.endpoint(0), LOCK);
     let states = match cluster.net() {
-        Some(net) => net.run_in(0, states)?,
+        Some(net) => net.run_in(cluster.node(0), states)?,
         None => states()?,
     };
     let stored = lease_history::grants(&states)?;
@@ -331,7 +331,7 @@ pub fn next_grant_is_above(cluster: &Cluster, grants: &[Grant]) -> Result<()> {
         Ok(c.acquire(LOCK, "after-all", 1_000)?)
     };
     let outcome = match cluster.net() {
-        Some(net) => net.run_in(0, acquire)?,
+        Some(net) => net.run_in(cluster.node(0), acquire)?,
         None => acquire()?,
     };
     let AcquireOutcome::Acquired(next) = outcome else {
