@@ -115,6 +115,11 @@ enum Fault {
     /// Membership change under load: a member removed from the cluster and
     /// killed, and a new, empty member added on a fresh node in its place.
     ReplaceMember,
+    /// A member SIGKILLed, restarted on its data after the hold.
+    KillMember,
+    /// A member SIGSTOPped (sockets open, answering nothing), SIGCONT after
+    /// the hold.
+    PauseMember,
 }
 
 /// The seed: `FENCECHECK_NEMESIS_SEED`, else from the clock (printed).
@@ -181,21 +186,24 @@ fn partitions_never_reorder_grants() -> Result<()> {
     let mut rng = Rng(seed);
     let started = Instant::now();
     let mut schedule = Vec::new();
-    let mut replaced = 0;
+    let mut free: Vec<usize> = (MEMBERS + CLIENTS..MEMBERS + CLIENTS + SPARES).collect();
     let mut round = 0;
     while round < 8 || started.elapsed() < soak {
         round += 1;
         // Round 4 always changes membership, while spare nodes last.
-        let fault = match rng.below(5) {
+        let fault = match rng.below(7) {
             _ if round == 4 => Fault::ReplaceMember,
-            4 if replaced < SPARES => Fault::ReplaceMember,
-            0 | 4 => Fault::IsolateFollower,
+            4 => Fault::ReplaceMember,
+            0 => Fault::IsolateFollower,
             1 => Fault::IsolateLeader,
             2 => Fault::ClientToMinority,
-            _ => Fault::Bridge,
+            3 => Fault::Bridge,
+            5 => Fault::KillMember,
+            _ => Fault::PauseMember,
         };
         let leader = cluster.wait_healthy()?;
         let client = |c: usize| MEMBERS + c;
+        let mut signalled = None;
         let node = |m: usize| cluster.node(m);
         let what = match fault {
             Fault::IsolateFollower => {
@@ -222,10 +230,30 @@ fn partitions_never_reorder_grants() -> Result<()> {
             }
             Fault::ReplaceMember => {
                 let victim = rng.below(MEMBERS as u64) as usize;
-                let spare = MEMBERS + CLIENTS + replaced;
-                replaced += 1;
+                // A node no member runs on: a spare, or one a replaced
+                // member left (its namespace, with the old process gone).
+                let spare = free.remove(0);
+                free.push(node(victim));
                 cluster.replace_member(victim, spare)?;
                 format!("member {victim} removed and replaced by a new member on node {spare}")
+            }
+            Fault::KillMember => {
+                let victim = rng.below(MEMBERS as u64) as usize;
+                cluster.kill(victim)?;
+                signalled = Some((victim, "killed"));
+                format!(
+                    "member {victim} SIGKILLed{}",
+                    if victim == leader { " (leader)" } else { "" }
+                )
+            }
+            Fault::PauseMember => {
+                let victim = rng.below(MEMBERS as u64) as usize;
+                cluster.stop(victim)?;
+                signalled = Some((victim, "stopped"));
+                format!(
+                    "member {victim} SIGSTOPped{}",
+                    if victim == leader { " (leader)" } else { "" }
+                )
             }
         };
         let at = started.elapsed().as_millis();
@@ -233,6 +261,13 @@ fn partitions_never_reorder_grants() -> Result<()> {
         schedule.push((at, what));
         std::thread::sleep(HOLD);
         net.heal()?;
+        if let Some((victim, signal)) = signalled {
+            if signal == "killed" {
+                cluster.restart(victim)?;
+            } else {
+                cluster.resume(victim)?;
+            }
+        }
         cluster.wait_healthy()?;
         clients.wait_grants(5, &format!("round {round}: after healing ({fault:?})"))?;
     }

@@ -337,7 +337,10 @@ impl Cluster {
             "/v3/cluster/member/add",
             serde_json::json!({"peerURLs": [peer_url]}),
         )?;
-        let name = format!("m{i}n{node}");
+        // A name (and data directory) never used before in this cluster.
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let generation = NEXT.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let name = format!("m{i}n{node}g{generation}");
         let mut initial: Vec<String> = (0..self.size())
             .filter(|&m| m != i)
             .map(|m| format!("{}={}", self.members[m].name, self.members[m].peer_url))
