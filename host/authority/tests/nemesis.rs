@@ -278,11 +278,12 @@ fn partitions_never_reorder_grants() -> Result<()> {
     let writes = check_fenced_writes(&tally, &resource, TTL_MS)?;
     summary("nemesis", &tally, cross, committed);
     eprintln!(
-        "nemesis seed {seed}: {} faults, {} pauses past the lease; writes {} applied, {} stale \
-         (each stopped its lease), {} errors; closest two leases came to overlapping: {} µs; \
-         longest time without a grant {} ms; verdict: ok",
+        "nemesis seed {seed}: {} faults, {} pauses past the lease, {} renewals lost; writes {} \
+         applied, {} stale (each stopped its lease), {} errors; closest two leases came to \
+         overlapping: {} µs; longest time without a grant {} ms; verdict: ok",
         schedule.len(),
         tally.pauses,
+        tally.renewals_lost,
         writes.applied,
         writes.stale,
         writes.errors,

@@ -10,6 +10,9 @@
 //!   SQLite resource (policy `allow-equal`, op-id `LEASE_ID-N`); an applied
 //!   write also inserts a row into the resource's `visible` log in the same
 //!   transaction. After `stale` the client writes no more under that lease;
+//! - `renew LEASE_ID renewed|lost|error START_NS` (with `--resource`, between
+//!   the writes): after `lost` (or `error`) the client writes no more under
+//!   the lease;
 //! - `pause LEASE_ID MS` (with `--pause-every`): the client stopped for MS
 //!   milliseconds, past its lease, before writing (a GC pause);
 //! - `release LEASE_ID released|not-owner|error START_NS`;
@@ -34,7 +37,8 @@ use std::time::{Duration, Instant};
 
 use fencecheck::{Fenced, Instance, Policy, Rejection, Request, Runtime, Token};
 use fencecheck_authority::{
-    AcquireOutcome, Coordinator, EtcdCoordinator, EtcdOptions, ReleaseOutcome, SystemClock,
+    AcquireOutcome, Coordinator, EtcdCoordinator, EtcdOptions, ReleaseOutcome, RenewOutcome,
+    SystemClock,
 };
 
 struct Args {
@@ -187,6 +191,19 @@ fn run(args: &Args) -> Result<u64, String> {
                         std::thread::sleep(Duration::from_millis(ms));
                     }
                     for n in 1..=args.writes {
+                        if n > 1 {
+                            let start = monotonic_ns();
+                            let renewed =
+                                match coordinator.renew(&args.lock, &lease_id, t, args.ttl_ms) {
+                                    Ok(RenewOutcome::Renewed { .. }) => "renewed",
+                                    Ok(RenewOutcome::Lost) => "lost",
+                                    Err(_) => "error",
+                                };
+                            say(format!("renew {lease_id} {renewed} {start}"))?;
+                            if renewed != "renewed" {
+                                break; // not known to hold it: stop working under it
+                            }
+                        }
                         let start = monotonic_ns();
                         let outcome = write(conn, &mut guest, &args.lock, &lease_id, n, t);
                         let end = monotonic_ns();

@@ -55,6 +55,10 @@ pub struct Tally {
     pub writes: Vec<Write>,
     /// How many leases were paused past their end before writing.
     pub pauses: usize,
+    /// When each successful renewal was sent, by lease.
+    pub renewed_at: HashMap<String, u128>,
+    /// Renewals answered `lost` (or failed).
+    pub renewals_lost: usize,
 }
 
 /// One write through the fence, as a client reported it.
@@ -181,6 +185,12 @@ impl Clients {
                 end: end.parse()?,
             }),
             ["pause", _, _] => self.tally.pauses += 1,
+            ["renew", lease_id, "renewed", start] => {
+                self.tally
+                    .renewed_at
+                    .insert((*lease_id).to_owned(), start.parse()?);
+            }
+            ["renew", _, "lost" | "error", _] => self.tally.renewals_lost += 1,
             ["busy"] => self.tally.busy += 1,
             ["error", lease_id, ..] => {
                 self.tally.unknown.push((*lease_id).to_owned());
@@ -429,7 +439,11 @@ pub fn check_fenced_writes(
         .grants
         .iter()
         .map(|g| {
-            let deadline = g.start + ttl_ns;
+            let sent = tally
+                .renewed_at
+                .get(&g.lease_id)
+                .map_or(g.start, |r| (*r).max(g.start));
+            let deadline = sent + ttl_ns;
             let until = tally
                 .released_at
                 .get(&g.lease_id)
