@@ -1,4 +1,4 @@
-use crate::LAYOUT_VERSION;
+use crate::{LAYOUT_VERSION, ObjectId};
 
 /// An infrastructure failure: the write could not be decided, or not stored.
 ///
@@ -32,6 +32,17 @@ pub enum Error {
     /// The caller's mutation failed; its changes were rolled back with the rest.
     #[error("the fenced mutation failed, nothing was stored: {0}")]
     Mutation(#[source] Box<dyn std::error::Error + Send + Sync + 'static>),
+    /// [`publish`](crate::publish) named an object that is not staged under
+    /// the request's scope: never staged, already collected (or discarded),
+    /// or staged for another scope. The transaction rolled back: the fence
+    /// state and the catalog pointer are unchanged, the token not used up.
+    #[error("object {object} is not staged under scope {scope:?}")]
+    UnknownObject {
+        /// The object asked for.
+        object: ObjectId,
+        /// The request's scope.
+        scope: String,
+    },
     /// An argument or stored value is unusable (e.g. a version beyond
     /// PostgreSQL's bigint).
     #[error("invalid {what}: {why}")]

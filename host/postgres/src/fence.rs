@@ -54,6 +54,22 @@ where
     C: Checker + ?Sized,
     E: Into<Box<dyn std::error::Error + Send + Sync + 'static>>,
 {
+    run(client, checker, request, |tx, accepted| {
+        mutation(tx, accepted).map_err(|e| Error::Mutation(e.into()))
+    })
+}
+
+/// [`fenced_write`] for this crate's own mutations (the publish protocol),
+/// whose failures are already this crate's [`Error`]s.
+pub(crate) fn run<C, T>(
+    client: &mut Client,
+    checker: &mut C,
+    request: &Request,
+    mutation: impl FnOnce(&mut Transaction<'_>, &Accepted) -> Result<T, Error>,
+) -> Result<Fenced<T>, Error>
+where
+    C: Checker + ?Sized,
+{
     let mut tx = client
         .transaction()
         .map_err(pg("beginning the fenced transaction"))?;
@@ -92,10 +108,19 @@ where
         what: "scope row",
         why: "created and removed concurrently twice".into(),
     })?;
-    let value = mutation(&mut tx, &accepted).map_err(|e| Error::Mutation(e.into()))?;
+    let value = mutation(&mut tx, &accepted)?;
+    commit(tx)?;
+    Ok(Fenced::Applied {
+        version: accepted.version,
+        highest: accepted.highest,
+        value,
+    })
+}
+
+/// Commit `tx`. A server error at commit (e.g. a serialization failure)
+/// means it rolled back; no answer at all means it may have committed.
+pub(crate) fn commit(tx: Transaction<'_>) -> Result<(), Error> {
     tx.commit().map_err(|e| {
-        // A server error at commit (e.g. a serialization failure) means it
-        // rolled back; no answer at all means it may have committed.
         if e.code().is_some() {
             Error::Postgres {
                 doing: "committing",
@@ -104,10 +129,5 @@ where
         } else {
             Error::CommitUnknown(e)
         }
-    })?;
-    Ok(Fenced::Applied {
-        version: accepted.version,
-        highest: accepted.highest,
-        value,
     })
 }

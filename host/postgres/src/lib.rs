@@ -13,6 +13,14 @@
 //!   [`Fenced`] (applied, or a definitive [`Rejection`]); failures are
 //!   [`Error`], with [`Error::is_retryable`] for serialization failures and
 //!   deadlocks and [`Error::CommitUnknown`] when the commit's fate is unknown.
+//! - The publish protocol, as in the SQLite adapter: [`stage`] an immutable
+//!   object under a unique key, [`publish`] it (fenced move of the scope's
+//!   catalog pointer, in the same transaction as the fence state; the
+//!   replaced object is left alone; an object not staged under the scope is
+//!   [`Error::UnknownObject`]), read it with [`visible`], [`discard`] an
+//!   unpublished one, and [`collect_garbage`]: the asynchronous collector,
+//!   with time passed in, in bounded batches that skip objects a concurrent
+//!   publish has locked.
 //!
 //! # Example
 //!
@@ -41,9 +49,11 @@
 
 mod error;
 mod fence;
+mod publish;
 mod schema;
 
 pub use error::Error;
 pub use fence::{fenced_write, stored_state};
 pub use fencecheck::{Accepted, Fenced, Rejection};
+pub use publish::{GcReport, ObjectId, Visible, collect_garbage, discard, publish, stage, visible};
 pub use schema::{LAYOUT_VERSION, install};
