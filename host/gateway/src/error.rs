@@ -9,6 +9,9 @@ pub enum Error {
     /// The SQLite store (pointers and fence states) failed.
     #[error(transparent)]
     Store(#[from] fencecheck_sqlite::Error),
+    /// The PostgreSQL store (`--postgres`) failed.
+    #[error(transparent)]
+    Postgres(#[from] fencecheck_postgres::Error),
     /// SQLite failed outside the publish protocol (opening, configuring).
     #[error("SQLite failed while {doing}: {source}")]
     Sqlite {

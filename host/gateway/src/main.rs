@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
-use fencecheck_authority::{Coordinator, SqliteCoordinator, SystemClock};
+use fencecheck_authority::{Coordinator, PostgresCoordinator, SqliteCoordinator, SystemClock};
 use fencecheck_gateway::{Blobs, Collector, Config, Gateway, Metrics, Reloader, Store, Upstream};
 use pingora::server::Server;
 use pingora::server::configuration::ServerConf;
@@ -19,10 +19,16 @@ struct Args {
     #[arg(long, default_value = "127.0.0.1:8080")]
     listen: String,
     /// Directory for the SQLite databases (pointers and fences in
-    /// fencecheck.db, leases in locks.db), and for blobs (in DIR/blobs)
-    /// unless --upstream is given.
+    /// fencecheck.db, leases in locks.db; not with --postgres), and for blobs
+    /// (in DIR/blobs) unless --upstream is given.
     #[arg(long)]
     data: PathBuf,
+    /// Keep pointers, fence states and leases in this PostgreSQL database
+    /// (libpq connection string, no TLS) instead of SQLite: every gateway
+    /// given the same database (and the same blobs: one --upstream, or one
+    /// --data directory on one machine) enforces one high-water mark per key.
+    #[arg(long)]
+    postgres: Option<String>,
     /// Keep blobs on this HTTP file server (WebDAV PUT/GET/DELETE), e.g.
     /// http://127.0.0.1:8081/blobs/
     #[arg(long)]
@@ -68,18 +74,28 @@ fn main() -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("refusing the component: {e}"))?;
     std::fs::create_dir_all(&args.data)
         .with_context(|| format!("creating {}", args.data.display()))?;
-    let coordinator: Arc<dyn Coordinator> = Arc::new(
-        SqliteCoordinator::open(
-            &args.data.join("locks.db"),
-            runtime.clone(),
-            Arc::new(SystemClock),
-        )
-        .context("opening the lease coordinator")?,
-    );
-    let store = Arc::new(
-        Store::open(&args.data, runtime)
-            .with_context(|| format!("opening the store in {}", args.data.display()))?,
-    );
+    let (coordinator, store): (Arc<dyn Coordinator>, Store) = match &args.postgres {
+        None => (
+            Arc::new(
+                SqliteCoordinator::open(
+                    &args.data.join("locks.db"),
+                    runtime.clone(),
+                    Arc::new(SystemClock),
+                )
+                .context("opening the lease coordinator")?,
+            ),
+            Store::open(&args.data, runtime)
+                .with_context(|| format!("opening the store in {}", args.data.display()))?,
+        ),
+        Some(url) => (
+            Arc::new(
+                PostgresCoordinator::open(url, runtime.clone(), Arc::new(SystemClock))
+                    .context("opening the PostgreSQL lease coordinator")?,
+            ),
+            Store::open_postgres(url, runtime).context("opening the PostgreSQL store")?,
+        ),
+    };
+    let store = Arc::new(store);
 
     let blobs = Arc::new(match &args.upstream {
         Some(url) => Blobs::Upstream(Box::new(Upstream::new(

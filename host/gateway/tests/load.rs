@@ -30,11 +30,12 @@ fn counter(text: &str) -> Option<u64> {
 }
 
 /// `clients` threads, each taking the next token of a random key from a
-/// shared counter (a lock service's grants) and PUTting `key:token`; every
-/// third write waits a little first, so it is often stale by the time it
-/// arrives. Runs until `stop` or `per_client` writes each.
+/// shared counter (a lock service's grants) and PUTting `key:token` to one
+/// of the gateways (client `c` to gateway `c % n`; none left: no answer);
+/// every third write waits a little first, so it is often stale by the time
+/// it arrives. Runs until `stop` or `per_client` writes each.
 fn run_load(
-    addr_of: Arc<Mutex<Option<Gateway>>>,
+    addr_of: Arc<Mutex<Vec<Gateway>>>,
     clients: usize,
     per_client: usize,
     stop: Arc<AtomicBool>,
@@ -62,10 +63,10 @@ fn run_load(
                     }
                     let answer = {
                         let guard = gw.lock().ok();
-                        let target = guard
-                            .as_ref()
-                            .and_then(|g| g.as_ref())
-                            .map(|g| (g.addr.clone(), g.data.clone()));
+                        let target = guard.as_ref().and_then(|g| {
+                            g.get(c % g.len().max(1))
+                                .map(|g| (g.addr.clone(), g.data.clone()))
+                        });
                         drop(guard);
                         target.and_then(|(addr, _)| {
                             common::request_to(
@@ -166,7 +167,7 @@ fn check_history(
 fn load_history_is_fenced() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let gw = Gateway::start(dir.path(), &["--max-in-flight", "1024"])?;
-    let gw = Arc::new(Mutex::new(Some(gw)));
+    let gw = Arc::new(Mutex::new(vec![gw]));
     let started = Instant::now();
     let history = run_load(gw.clone(), 64, 20, Arc::new(AtomicBool::new(false)));
     eprintln!("{} writes in {:?}", history.len(), started.elapsed());
@@ -178,7 +179,7 @@ fn load_history_is_fenced() -> anyhow::Result<()> {
         "no contention: {stale} stale"
     );
     let guard = gw.lock().map_err(|_| anyhow::anyhow!("poisoned"))?;
-    let gw = guard.as_ref().context("gone")?;
+    let gw = guard.first().context("gone")?;
     for (key, (version, token)) in best {
         let r = gw.request("GET", &format!("/objects/{key}"), &[], b"")?;
         ensure!(
@@ -199,7 +200,7 @@ fn load_history_is_fenced() -> anyhow::Result<()> {
 fn sigkill_mid_load_loses_nothing_acknowledged() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let first = Gateway::start(dir.path(), &["--max-in-flight", "1024"])?;
-    let gw = Arc::new(Mutex::new(Some(first)));
+    let gw = Arc::new(Mutex::new(vec![first]));
     let stop = Arc::new(AtomicBool::new(false));
     let load = {
         let (gw, stop) = (gw.clone(), stop.clone());
@@ -208,7 +209,7 @@ fn sigkill_mid_load_loses_nothing_acknowledged() -> anyhow::Result<()> {
     std::thread::sleep(Duration::from_millis(1500));
     // SIGKILL (Child::kill), mid-load; later writes find no gateway.
     if let Ok(mut g) = gw.lock() {
-        g.take();
+        g.clear();
     }
     std::thread::sleep(Duration::from_millis(200));
     stop.store(true, Ordering::Relaxed);
@@ -258,6 +259,74 @@ fn sigkill_mid_load_loses_nothing_acknowledged() -> anyhow::Result<()> {
             best.len()
         );
         std::thread::sleep(Duration::from_millis(200));
+    }
+    Ok(())
+}
+
+/// `--postgres`: two gateway processes on one PostgreSQL database (and one
+/// blob directory) enforce one high-water mark per key. The seed's paused
+/// writer across them (B through one, A's late write through the other gets
+/// 409), then 32 clients split over both, current and stale writers: the
+/// recorded history satisfies the fence as with one gateway, and both
+/// gateways show each key's highest applied token's bytes.
+#[test]
+fn two_gateways_on_one_postgres_database_share_one_fence() -> anyhow::Result<()> {
+    let server = fencecheck_tests::pgserver::PgServer::start()?;
+    let url = server.url();
+    let dir = tempfile::tempdir()?;
+    let flags = ["--postgres", url.as_str(), "--max-in-flight", "1024"];
+    let one = Gateway::start(dir.path(), &flags)?;
+    let two = Gateway::start(dir.path(), &flags)?;
+
+    let put = |gw: &Gateway, token: &str, body: &str| {
+        gw.request(
+            "PUT",
+            "/objects/report/july",
+            &[("Fence-Token", token)],
+            body.as_bytes(),
+        )
+    };
+    ensure!(
+        put(&one, "0.42", "b9")?.status == 201,
+        "B through gateway one"
+    );
+    let late = put(&two, "0.41", "a7")?;
+    ensure!(
+        late.status == 409,
+        "A's late write through gateway two: {}",
+        late.status
+    );
+    for gw in [&one, &two] {
+        let r = gw.request("GET", "/objects/report/july", &[], b"")?;
+        ensure!(
+            r.status == 200 && r.body == b"b9",
+            "{}: {:?}",
+            r.status,
+            r.body
+        );
+    }
+
+    let gws = Arc::new(Mutex::new(vec![one, two]));
+    let history = run_load(gws.clone(), 32, 20, Arc::new(AtomicBool::new(false)));
+    ensure!(history.len() == 32 * 20);
+    let best = check_history(&history, false)?;
+    let stale = history.iter().filter(|e| e.status == Some(409)).count();
+    ensure!(
+        stale > 0 && best.len() == KEYS.len(),
+        "no contention: {stale} stale"
+    );
+    let guard = gws.lock().map_err(|_| anyhow::anyhow!("poisoned"))?;
+    for gw in guard.iter() {
+        for (key, (version, token)) in &best {
+            let r = gw.request("GET", &format!("/objects/{key}"), &[], b"")?;
+            ensure!(
+                r.body == format!("{key}:{token}").as_bytes(),
+                "{key} through {}: {:?}",
+                gw.addr,
+                String::from_utf8_lossy(&r.body)
+            );
+            ensure!(r.header("etag") == Some(format!("\"{version}\"").as_str()));
+        }
     }
     Ok(())
 }
