@@ -166,6 +166,17 @@ fn partitions_never_reorder_grants() -> Result<()> {
     // every tenth lease pause past its end before writing.
     let dir = tempfile::tempdir()?;
     let resource = dir.path().join("resource.db");
+    {
+        // Made before the clients start (they would race to switch it to WAL).
+        let conn = rusqlite::Connection::open(&resource)?;
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        fencecheck_sqlite::install(&conn)?;
+        conn.execute_batch(
+            "CREATE TABLE visible (seq INTEGER PRIMARY KEY AUTOINCREMENT,
+                 lease_id TEXT NOT NULL, n INTEGER NOT NULL,
+                 epoch INTEGER NOT NULL, counter INTEGER NOT NULL)",
+        )?;
+    }
     let extra = [
         "--resource".to_owned(),
         resource.display().to_string(),

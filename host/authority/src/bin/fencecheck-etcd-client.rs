@@ -104,22 +104,36 @@ fn monotonic_ns() -> u128 {
     u128::try_from(t.tv_sec).unwrap_or(0) * 1_000_000_000 + u128::try_from(t.tv_nsec).unwrap_or(0)
 }
 
+/// The log of applied writes, next to the fence tables.
+const VISIBLE: &str = "CREATE TABLE IF NOT EXISTS visible (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    lease_id TEXT NOT NULL, n INTEGER NOT NULL,
+    epoch INTEGER NOT NULL, counter INTEGER NOT NULL)";
+
 /// The shared resource: the fence tables, and a log of every applied write.
+/// Several clients open it at once: switching it to WAL needs an exclusive
+/// lock that SQLite's busy handler does not wait for, so a "locked" setup
+/// is retried (bounded); the tests also create it before starting clients.
 fn open_resource(path: &std::path::Path) -> Result<rusqlite::Connection, String> {
     let setup = || -> Result<rusqlite::Connection, Box<dyn std::error::Error>> {
         let conn = rusqlite::Connection::open(path)?;
         conn.busy_timeout(Duration::from_secs(30))?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
         fencecheck_sqlite::install(&conn)?;
-        conn.execute_batch(
-            "CREATE TABLE IF NOT EXISTS visible (
-                 seq INTEGER PRIMARY KEY AUTOINCREMENT,
-                 lease_id TEXT NOT NULL, n INTEGER NOT NULL,
-                 epoch INTEGER NOT NULL, counter INTEGER NOT NULL)",
-        )?;
+        conn.execute_batch(VISIBLE)?;
         Ok(conn)
     };
-    setup().map_err(|e| format!("opening the resource {}: {e}", path.display()))
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        match setup() {
+            Ok(conn) => return Ok(conn),
+            Err(e) if attempt < 100 && e.to_string().contains("locked") => {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(e) => return Err(format!("opening the resource {}: {e}", path.display())),
+        }
+    }
 }
 
 /// One write through the fence; "applied", "stale" or "error".
