@@ -17,6 +17,7 @@ write, commit; imported on its own, so psycopg is needed only there).
 'stale-fence'
 """
 
+from ._version import __version__  # the package version (Cargo.toml's; scripts/build-component)
 from ._guest import CHECK_INTERFACE, LEASE_INTERFACE, Instance, Limits, Runtime
 from ._types import (
     Acquired,
@@ -54,6 +55,7 @@ from ._types import (
 )
 
 __all__ = [
+    "__version__",
     "CHECK_INTERFACE", "Instance", "Limits", "Runtime",
     "Applied", "Duplicate", "StaleFence", "VersionConflict", "Decision",
     "Policy", "Request", "Token", "StateInfo", "WindowEntry",
