@@ -4,6 +4,7 @@
 pub mod history;
 pub mod netns;
 pub mod pgserver;
+pub mod upgrade;
 
 use std::path::PathBuf;
 
