@@ -51,6 +51,19 @@ fn main() -> Result<(), Box<dyn Error>> {
     }
     println!("cargo:rerun-if-env-changed=CARGO_TARGET_DIR");
 
+    // The WIT package version this crate is built against (src/version.rs):
+    // read from the WIT itself, so there is no second copy to forget.
+    let wit = fs::read_to_string(root.join("wit/fence.wit"))?;
+    let version = wit
+        .lines()
+        .find_map(|line| {
+            line.trim()
+                .strip_prefix("package fencecheck:fence@")?
+                .strip_suffix(';')
+        })
+        .ok_or("wit/fence.wit has no `package fencecheck:fence@VERSION;` line")?;
+    println!("cargo:rustc-env=FENCECHECK_WIT_VERSION={version}");
+
     let target_dir = env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| root.join("target"))

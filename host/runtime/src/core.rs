@@ -27,28 +27,42 @@ use crate::Error;
 use crate::runtime::Limiter;
 use crate::shape::only_core_module;
 
-/// The core export behind `check-packed`, and its post-return.
-const EXPORT: &str = "fencecheck:fence/check@0.1.0#check-packed";
-const POST_RETURN: &str = "cabi_post_fencecheck:fence/check@0.1.0#check-packed";
+/// The core export behind `check-packed`, and its post-return, for the
+/// component's check interface (`fencecheck:fence/check@0.1.0`: the version
+/// is the component's, vetted at load).
+fn export(check_interface: &str) -> String {
+    format!("{check_interface}#check-packed")
+}
+fn post_return(check_interface: &str) -> String {
+    format!("cabi_post_{check_interface}#check-packed")
+}
 
 /// The component's core module, compiled and checked for the shape above.
 #[derive(Clone)]
-pub(crate) struct CoreModule(Module);
+pub(crate) struct CoreModule {
+    module: Module,
+    /// The check interface's full name, which prefixes the export names.
+    check_interface: String,
+}
 
 impl CoreModule {
     /// The only core module of `component`, if it has the expected shape.
     /// `Ok(None)` means "use the component API"; an error means the module
     /// could not be compiled (the component would not load either).
-    pub(crate) fn find(engine: &Engine, component: &[u8]) -> Result<Option<Self>, Error> {
+    pub(crate) fn find(
+        engine: &Engine,
+        component: &[u8],
+        check_interface: &str,
+    ) -> Result<Option<Self>, Error> {
         let Some(bytes) = only_core_module(component) else {
             return Ok(None);
         };
         let module = Module::new(engine, bytes).map_err(|e| Error::Load(format!("{e:#}")))?;
-        Ok(Self::checked(module))
+        Ok(Self::checked(module, check_interface))
     }
 
     /// `module` if it imports nothing and exports what the transport calls.
-    pub(crate) fn checked(module: Module) -> Option<Self> {
+    pub(crate) fn checked(module: Module, check_interface: &str) -> Option<Self> {
         if module.imports().len() != 0 {
             return None;
         }
@@ -56,9 +70,12 @@ impl CoreModule {
         const I32: ValType = ValType::I32;
         let shaped = matches!(module.get_export("memory"), Some(ExternType::Memory(_)))
             && func("cabi_realloc", &[I32, I32, I32, I32], &[I32])
-            && func(EXPORT, &[I32, I32], &[I32])
-            && func(POST_RETURN, &[I32], &[]);
-        shaped.then_some(Self(module))
+            && func(&export(check_interface), &[I32, I32], &[I32])
+            && func(&post_return(check_interface), &[I32], &[]);
+        shaped.then(|| Self {
+            module,
+            check_interface: check_interface.to_string(),
+        })
     }
 }
 
@@ -97,14 +114,14 @@ impl From<wasmtime::Error> for CoreError {
 impl CoreGuest {
     pub(crate) fn new(module: &CoreModule, store: Store<Limiter>) -> wasmtime::Result<Self> {
         let mut store = store;
-        let instance = wasmtime::Instance::new(&mut store, &module.0, &[])?;
+        let instance = wasmtime::Instance::new(&mut store, &module.module, &[])?;
         let memory = instance
             .get_memory(&mut store, "memory")
             .ok_or_else(|| wasmtime::Error::msg("the core module exports no memory"))?;
         Ok(Self {
             realloc: instance.get_typed_func(&mut store, "cabi_realloc")?,
-            check: instance.get_typed_func(&mut store, EXPORT)?,
-            post: instance.get_typed_func(&mut store, POST_RETURN)?,
+            check: instance.get_typed_func(&mut store, &export(&module.check_interface))?,
+            post: instance.get_typed_func(&mut store, &post_return(&module.check_interface))?,
             memory,
             store,
         })
@@ -193,6 +210,8 @@ fn i32_of(at: usize) -> Result<i32, CoreError> {
 mod tests {
     use super::*;
 
+    const CHECK: &str = "fencecheck:fence/check@0.1.0";
+
     /// The embedded component has exactly one core module, of the expected
     /// shape: the fast transport is what every default runtime uses.
     #[test]
@@ -200,7 +219,7 @@ mod tests {
         assert!(only_core_module(crate::COMPONENT).is_some());
         let engine = Engine::default();
         assert!(matches!(
-            CoreModule::find(&engine, crate::COMPONENT),
+            CoreModule::find(&engine, crate::COMPONENT, CHECK),
             Ok(Some(_))
         ));
     }
@@ -210,7 +229,7 @@ mod tests {
     fn other_shapes_fall_back() {
         let engine = Engine::default();
         let bare = wat_module(&engine, b"\0asm\x01\0\0\0");
-        assert!(CoreModule::checked(bare).is_none());
+        assert!(CoreModule::checked(bare, CHECK).is_none());
         assert!(
             only_core_module(b"\0asm\x01\0\0\0").is_none(),
             "a core module is no component"

@@ -17,6 +17,18 @@ pub enum Error {
         /// The I/O failure.
         source: std::io::Error,
     },
+    /// The component is not one this host runs: its exports carry a WIT
+    /// package version that is not semver-compatible with the one this crate
+    /// was built against ([`crate::WIT_VERSION`]), or it does not export
+    /// `fencecheck:fence/check` at all. Refused at load; nothing was
+    /// instantiated.
+    #[error("component exports {found}; this host supports {supported}")]
+    UnsupportedComponent {
+        /// What the component exports, e.g. `fencecheck:fence/check@0.2.0`.
+        found: String,
+        /// What this host runs, e.g. `fencecheck:fence@0.1.x`.
+        supported: String,
+    },
     /// wasmtime refused the configuration or the component bytes.
     #[error("loading the fencecheck component: {0}")]
     Load(String),

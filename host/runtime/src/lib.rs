@@ -22,6 +22,10 @@
 //!   source; implements the same [`Checker`] trait.
 //! - `vectors` (feature `vectors`): the cross-runtime conformance runner
 //!   (docs/design.md); not part of the embedding API.
+//! - [`Runtime::component_version`]: the WIT package version of the loaded
+//!   component (`0.1.0`); a component whose version this crate does not
+//!   support ([`supported_components`]) is refused at load with
+//!   [`Error::UnsupportedComponent`].
 //! - [`TokenText`]: the canonical text form of a token (`EPOCH.COUNTER` or
 //!   `AUTHORITY:EPOCH.COUNTER`), shared by the CLI, SQL and HTTP.
 //!
@@ -66,6 +70,7 @@ mod shape;
 mod text;
 #[cfg(feature = "vectors")]
 pub mod vectors;
+mod version;
 
 pub use checker::{Checker, Native};
 pub use error::Error;
@@ -81,6 +86,9 @@ pub use runtime::{
     Allocation, COMPONENT, Limits, Loaded, PRECOMPILED, Precompiled, Runtime, Transport,
 };
 pub use text::{TokenText, TokenTextError};
+pub use version::{
+    WIT_PACKAGE, WIT_VERSION, rewrite_wit_version, supported as supported_components,
+};
 
 /// A decision, or the reason no decision could be made. Either way it is
 /// deterministic: the same state and request give the same outcome in every

@@ -118,6 +118,8 @@ pub(crate) struct Shared {
     pub(crate) core: Option<CoreModule>,
     pub(crate) limits: Limits,
     pub(crate) loaded: Loaded,
+    /// The component's WIT package version (vetted at load).
+    pub(crate) version: String,
 }
 
 /// The loaded component: one per process, shared by every thread.
@@ -204,16 +206,30 @@ impl Runtime {
                 .max_memory_size(limits.memory_bytes);
             config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
         }
+        // Another version is refused before any compile (as the component
+        // declares its exports); wasmtime's own view is vetted below.
+        if let Some(declared) = crate::version::declared_exports(bytes) {
+            crate::version::vet(declared.iter().map(String::as_str))?;
+        }
         let engine = Engine::new(&config).map_err(load)?;
         let (component, core, loaded) =
             match precompiled.and_then(|p| deserialize(&engine, bytes, p)) {
-                Some((component, core)) => (component, core, Loaded::Precompiled),
+                Some((component, core)) => (component, Some(core), Loaded::Precompiled),
                 None => (
                     Component::from_binary(&engine, bytes).map_err(load)?,
-                    CoreModule::find(&engine, bytes)?,
+                    None,
                     Loaded::Compiled,
                 ),
             };
+        // Refuse a component with another contract before anything else
+        // looks inside it, whichever way its machine code came.
+        let ty = component.component_type();
+        let exports: Vec<String> = ty.exports(&engine).map(|(n, _)| n.to_string()).collect();
+        let vetted = crate::version::vet(exports.iter().map(String::as_str))?;
+        let core = match core {
+            Some(module) => CoreModule::checked(module, &vetted.check_interface),
+            None => CoreModule::find(&engine, bytes, &vetted.check_interface)?,
+        };
         // The component imports nothing, so the linker stays empty: any import
         // would make this fail rather than be satisfied by accident.
         let linker = Linker::<Limiter>::new(&engine);
@@ -226,8 +242,16 @@ impl Runtime {
                 core,
                 limits,
                 loaded,
+                version: vetted.version,
             }),
         })
+    }
+
+    /// The WIT package version of the loaded component, e.g. `0.1.0`: the
+    /// version in its export names (`fencecheck:fence/check@0.1.0`), which
+    /// [`crate::WIT_VERSION`] (what this crate was built against) accepts.
+    pub fn component_version(&self) -> &str {
+        &self.shared.version
     }
 
     /// Whether this runtime's machine code was precompiled or compiled when
@@ -247,6 +271,7 @@ impl Runtime {
                 core: None,
                 limits: shared.limits,
                 loaded: shared.loaded,
+                version: shared.version.clone(),
             }),
         }
     }
@@ -317,7 +342,7 @@ fn deserialize(
     engine: &Engine,
     bytes: &[u8],
     precompiled: &Precompiled<'_>,
-) -> Option<(Component, Option<CoreModule>)> {
+) -> Option<(Component, Module)> {
     if precompiled.component.is_empty() || precompiled.core.is_empty() {
         return None;
     }
@@ -340,7 +365,7 @@ fn deserialize(
     // SAFETY: as above, for the core module's artifact.
     #[allow(unsafe_code)]
     let module = unsafe { Module::deserialize(engine, precompiled.core) }.ok()?;
-    Some((component, Some(CoreModule::checked(module)?)))
+    Some((component, module))
 }
 
 /// Store data: only the memory limiter.
