@@ -49,6 +49,10 @@ enum Command {
         #[arg(short, long)]
         out: PathBuf,
     },
+    /// Print the WIT package version of the component this binary runs
+    /// (the embedded one, or --component's), e.g. `0.1.0`. A component whose
+    /// version this binary does not support is refused, as by every command.
+    ComponentVersion,
     /// Run an agreement sequence (tests/agreement/README.md); one canonical
     /// line per step, compared across runtimes by scripts/test.d.
     Trace {
@@ -123,6 +127,10 @@ fn run() -> Result<ExitCode> {
         } => {
             let mut checker = checker(kind, cli.component.as_ref())?;
             trace::run(checker.as_mut(), &file)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::ComponentVersion => {
+            println!("{}", runtime(cli.component.as_ref())?.component_version());
             Ok(ExitCode::SUCCESS)
         }
         Command::Component { out } => {
