@@ -18,7 +18,8 @@ write, commit; imported on its own, so psycopg is needed only there).
 """
 
 from ._version import __version__  # the package version (Cargo.toml's; scripts/build-component)
-from ._guest import CHECK_INTERFACE, LEASE_INTERFACE, Instance, Limits, Runtime
+from ._guest import CHECK_INTERFACE, LEASE_INTERFACE, Instance, Limits, Runtime, component_version
+from ._wit import WIT_VERSION
 from ._types import (
     Acquired,
     Busy,
@@ -32,6 +33,7 @@ from ._types import (
     Restored,
     Applied,
     ComponentLoadError,
+    UnsupportedComponent,
     CorruptState,
     Decision,
     Duplicate,
@@ -56,12 +58,12 @@ from ._types import (
 
 __all__ = [
     "__version__",
-    "CHECK_INTERFACE", "Instance", "Limits", "Runtime",
+    "CHECK_INTERFACE", "Instance", "Limits", "Runtime", "component_version", "WIT_VERSION",
     "Applied", "Duplicate", "StaleFence", "VersionConflict", "Decision",
     "Policy", "Request", "Token", "StateInfo", "WindowEntry",
     "FencecheckError", "FenceError", "InvalidRequest", "CorruptState",
     "UnsupportedStateVersion", "ScopeMismatch", "ForeignAuthority", "Exhausted",
-    "HostError", "ComponentLoadError", "GuestTrapped", "PackedFormatError", "TooLarge",
+    "HostError", "ComponentLoadError", "UnsupportedComponent", "GuestTrapped", "PackedFormatError", "TooLarge",
     "LEASE_INTERFACE", "Acquired", "Busy", "Renewed", "Lost", "Released", "NotOwner",
     "Restored", "LeaseOutcome", "LeaseError",
 ]

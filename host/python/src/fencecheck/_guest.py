@@ -31,7 +31,7 @@ import wasmtime
 from wasmtime import _ffi as ffi
 from wasmtime import component as wc
 
-from . import _abi, _core, _packed, _precompiled
+from . import _abi, _core, _packed, _precompiled, _wit
 from ._types import (
     Acquired,
     Busy,
@@ -159,6 +159,10 @@ class Runtime:
     component were there but refused.
     """
 
+    component_version: str
+    """The loaded component's WIT package version (``"0.1.0"``), from its
+    export names; a component whose version this package does not run is
+    refused at load with ``UnsupportedComponent``."""
     loaded_from: str
     """``"precompiled"`` (deserialized artifacts) or ``"compiled"`` (Cranelift,
     in this process)."""
@@ -198,12 +202,38 @@ class Runtime:
             except wasmtime.WasmtimeError as e:
                 raise ComponentLoadError(f"loading the fencecheck component: {e}") from None
             self._core = _core.core_module(self._engine, component)
+        # Refuse a component with another contract before anything is
+        # instantiated, whichever way its machine code came.
+        try:
+            exports = self._component.type.exports(self._engine)
+        except wasmtime.WasmtimeError as e:
+            raise ComponentLoadError(f"reading the component's exports: {e}") from None
+        vetted = _wit.vet(exports.keys())
+        self.component_version = vetted.version
+        self._interfaces = (vetted.check_interface, vetted.lease_interface)
+        if vetted.check_interface != CHECK_INTERFACE:
+            self._core = None  # _core's export names are this version's; the component API binds any
         # The component imports nothing: an empty linker refuses any import.
         self._linker = wc.Linker(self._engine)
 
     def instance(self) -> "Instance":
         """A fresh instance, for one thread at a time."""
         return Instance(self)
+
+
+_DEFAULT: Optional[Runtime] = None
+
+
+def component_version() -> str:
+    """The WIT package version of the component this package runs by default
+    (the packaged one), e.g. ``"0.1.0"``: read from the loaded component's
+    export names. Loads it once per process (``Runtime()``); raises
+    ``ComponentLoadError`` (``UnsupportedComponent``) as that would.
+    ``Runtime.component_version`` gives the same for any other component."""
+    global _DEFAULT
+    if _DEFAULT is None:
+        _DEFAULT = Runtime()
+    return _DEFAULT.component_version
 
 
 class Instance:
@@ -223,7 +253,7 @@ class Instance:
         self._store.set_limits(memory_size=rt.limits.memory_bytes)
         try:
             self._inst = rt._linker.instantiate(self._store, rt._component)
-            funcs = self._lookup(CHECK_INTERFACE, ("check", "check-batch", "check-packed", "inspect"))
+            funcs = self._lookup(rt._interfaces[0], ("check", "check-batch", "check-packed", "inspect"))
         except wasmtime.WasmtimeError as e:
             raise ComponentLoadError(f"instantiating the fencecheck component: {e}") from None
         _verify(self._store, funcs)
@@ -381,7 +411,7 @@ class Instance:
         """Call a lease export: arguments through wasmtime-py's generic
         conversion, the result read raw (the generic one is ambiguous here)."""
         if self._lease_funcs is None:
-            self._lease_funcs = self._lookup(LEASE_INTERFACE, ("acquire", "renew", "release", "restore"))
+            self._lease_funcs = self._lookup(self._runtime._interfaces[1], ("acquire", "renew", "release", "restore"))
         if state is not None:
             state = bytes(state)
         strings = sum(len(v) for a in args for v in vars(a).values() if isinstance(v, str))

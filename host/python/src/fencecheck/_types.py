@@ -224,6 +224,20 @@ class ComponentLoadError(HostError):
     retryable = False
 
 
+class UnsupportedComponent(ComponentLoadError):
+    """The component's WIT package version is not one this package runs (for
+    0.x: the same major and minor as the WIT it was written for), or it does
+    not export ``fencecheck:fence/check`` at all. Raised at load.
+
+    ``found``: what the component exports (``fencecheck:fence/check@0.2.0``);
+    ``supported``: what this package runs (``fencecheck:fence@0.1.x``)."""
+
+    def __init__(self, found: str, supported: str) -> None:
+        super().__init__(f"component exports {found}; this host supports {supported}")
+        self.found = found
+        self.supported = supported
+
+
 class GuestTrapped(HostError):
     """The guest trapped (out of fuel, out of memory, or a bug). The call had no
     effect; the instance was replaced by a fresh one."""

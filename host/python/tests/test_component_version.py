@@ -1,0 +1,108 @@
+"""The component's version is its WIT package version: the runtime reports
+the one it loaded (``fencecheck.component_version()``,
+``Runtime.component_version``) and refuses, at load, a component of a version
+this package does not run. The other versions are the real component with the
+version in every ``fencecheck:fence…@0.1.0`` name rewritten (same length);
+wasmtime compiles (validates) them, so they differ only in that version."""
+
+import re
+
+import pytest
+
+import fencecheck as fc
+from fencecheck import _wit
+from conftest import REPO
+
+
+def _packaged() -> bytes:
+    from fencecheck import _guest
+
+    return _guest._default_component()
+
+
+def _rewrite(component: bytes, to: str) -> bytes:
+    """Every ``fencecheck:fence[/iface]@WIT_VERSION`` rewritten to ``@to``."""
+    assert len(to) == len(fc.WIT_VERSION)
+    pattern = re.compile(rb"(fencecheck:fence[a-z0-9/_-]*@)" + re.escape(fc.WIT_VERSION.encode()))
+    out, n = pattern.subn(lambda m: m.group(1) + to.encode(), component)
+    assert n > 0 and len(out) == len(component)
+    return out
+
+
+def test_wit_version_is_the_wit_files() -> None:
+    """The version this package was written against is wit/fence.wit's, which
+    is Cargo.toml's workspace version."""
+    wit = (REPO / "wit" / "fence.wit").read_text()
+    m = re.search(r"^package fencecheck:fence@([^;\s]+);", wit, re.M)
+    assert m is not None
+    assert fc.WIT_VERSION == m.group(1)
+    cargo = (REPO / "Cargo.toml").read_text()
+    ws = re.search(r'^\[workspace\.package\]\s*\nversion\s*=\s*"([^"]+)"', cargo, re.M)
+    assert ws is not None and ws.group(1) == fc.WIT_VERSION
+
+
+def test_the_packaged_component_reports_its_version(runtime: fc.Runtime) -> None:
+    """``component_version()`` and the runtime attribute read the loaded component."""
+    assert fc.component_version() == fc.WIT_VERSION
+    assert runtime.component_version == fc.WIT_VERSION
+    assert fc.Runtime(precompiled=False).component_version == fc.WIT_VERSION
+
+
+@pytest.mark.parametrize("version", ["0.2.0", "1.0.0", "0.0.9"])
+def test_other_versions_are_refused_at_load(version: str, tmp_path) -> None:
+    """A 0.2.0, 1.0.0 or 0.0.9 component is refused by ``Runtime`` (bytes or path)
+    with what it exports and what this package runs."""
+    future = _rewrite(_packaged(), version)
+    path = tmp_path / "future.wasm"
+    path.write_bytes(future)
+    for load in (lambda: fc.Runtime(component=future), lambda: fc.Runtime(path)):
+        with pytest.raises(fc.UnsupportedComponent) as e:
+            load()
+        assert str(e.value) == (
+            f"component exports fencecheck:fence/check@{version}; this host supports fencecheck:fence@0.1.x"
+        )
+        assert e.value.found == f"fencecheck:fence/check@{version}"
+        assert isinstance(e.value, fc.ComponentLoadError) and not e.value.retryable
+
+
+def test_a_component_without_the_interface_is_refused() -> None:
+    """A valid component without fencecheck:fence/check is refused, naming its exports."""
+    with pytest.raises(fc.UnsupportedComponent) as e:
+        fc.Runtime(component=b"\0asm\x0d\0\x01\0")
+    assert e.value.found == "no fencecheck:fence/check interface (its exports: nothing)"
+    renamed = _packaged().replace(b"fencecheck:fence/check@", b"fencecheck:fence/chock@")
+    with pytest.raises(fc.UnsupportedComponent) as e:
+        fc.Runtime(component=renamed)
+    assert "fencecheck:fence/chock@0.1.0" in e.value.found
+
+
+def test_a_compatible_patch_is_run() -> None:
+    """A 0.1.9 component is run, reports 0.1.9 and decides as the packaged one."""
+    rt = fc.Runtime(component=_rewrite(_packaged(), "0.1.9"))
+    assert rt.component_version == "0.1.9"
+    guest = rt.instance()
+    d = guest.check(None, fc.Request("s", fc.Token(0, 0, 3)))
+    assert d.name == "applied"
+    assert guest.check(d.state, fc.Request("s", fc.Token(0, 0, 2))).name == "stale-fence"
+    assert [r.name for r in guest.check_batch([(d.state, fc.Request("s", fc.Token(0, 0, 4)))])] == ["applied"]
+    assert isinstance(guest.acquire(None, "lock", "lease-a", 0, 1000), fc.Acquired)  # the lease interface binds too
+
+
+@pytest.mark.parametrize(
+    "names, found",
+    [
+        (["fencecheck:fence/check@0.1"], "fencecheck:fence/check@0.1"),
+        (["fencecheck:fence/check@0.1.0-rc1"], "fencecheck:fence/check@0.1.0-rc1"),
+        (["fencecheck:fence/check@0.01.0"], "fencecheck:fence/check@0.01.0"),
+        (["fencecheck:fence/check"], "fencecheck:fence/check without a version"),
+        (
+            ["fencecheck:fence/check@0.1.0", "fencecheck:fence/lease@0.2.0"],
+            "fencecheck:fence/check@0.1.0 and fencecheck:fence/lease@0.2.0 (two versions)",
+        ),
+    ],
+)
+def test_malformed_and_mixed_versions_are_refused(names: list[str], found: str) -> None:
+    """Malformed, tagged, missing and mixed versions are refused (as in the Rust host)."""
+    with pytest.raises(fc.UnsupportedComponent) as e:
+        _wit.vet(names)
+    assert e.value.found == found
