@@ -97,6 +97,18 @@ export class HostError extends FencecheckError {
 }
 /** The transpiled component is missing or could not be compiled. */
 export class ComponentLoadError extends HostError {}
+/**
+ * The component's WIT package version is not one this package runs (for 0.x:
+ * the same major and minor as WIT_VERSION), or it does not export
+ * `fencecheck:fence/check`. Thrown at load.
+ */
+export class UnsupportedComponent extends ComponentLoadError {
+  /** What the component exports, e.g. `fencecheck:fence/check@0.2.0`. */
+  readonly found: string;
+  /** What this package runs, e.g. `fencecheck:fence@0.1.x`. */
+  readonly supported: string;
+  readonly retryable: false;
+}
 /** The guest trapped; the call had no effect and the instance was replaced. */
 export class GuestTrapped extends HostError {
   readonly call: string;
@@ -133,8 +145,19 @@ export class Runtime {
     instantiateCore?: (module: WebAssembly.Module, imports: Record<string, any>) => WebAssembly.Instance;
   });
   readonly limits: Limits;
+  /** The loaded component's WIT package version, e.g. `'0.1.0'` (from its export names). */
+  readonly componentVersion: string;
   instance(): Instance;
 }
+
+/** The WIT package version this package was written against (`'0.1.0'`). */
+export const WIT_VERSION: string;
+/**
+ * The WIT package version of the component this package runs by default (the
+ * transpiled one in gen/), e.g. `'0.1.0'`, read from its export names; loads
+ * it once per process. Throws ComponentLoadError (UnsupportedComponent).
+ */
+export function componentVersion(): string;
 
 export type Acquired = { outcome: 'acquired'; token: Token; expiresAt: bigint; state: Uint8Array };
 export type Busy = { outcome: 'busy'; holder: string; expiresAt: bigint };

@@ -12,11 +12,11 @@ import { fileURLToPath } from 'node:url';
 import { dirname, join } from 'node:path';
 import { instantiate } from '../gen/fencecheck.js';
 import { decode as decodePacked, encode as encodePacked } from './packed.js';
+import { WIT_VERSION, coreInterfaces, supported, vet } from './version.js';
 
 const GEN = join(dirname(fileURLToPath(import.meta.url)), '..', 'gen');
-const CHECK = 'fencecheck:fence/check@0.1.0';
-const LEASE = 'fencecheck:fence/lease@0.1.0';
 export const U64_MAX = (1n << 64n) - 1n;
+export { WIT_VERSION };
 
 /** Base of every error this package throws on purpose. */
 export class FencecheckError extends Error {
@@ -69,6 +69,19 @@ export class ComponentLoadError extends HostError {
   constructor(message, options) {
     super(message, options);
     this.retryable = false;
+  }
+}
+
+/**
+ * The component's WIT package version is not one this package runs (for 0.x:
+ * the same major and minor as WIT_VERSION), or it does not export
+ * `fencecheck:fence/check` at all. Thrown at load. `found`: what it exports
+ * (`fencecheck:fence/check@0.2.0`); `supported`: `fencecheck:fence@0.1.x`.
+ */
+export class UnsupportedComponent extends ComponentLoadError {
+  constructor(found, supportedVersions = supported()) {
+    super(`component exports ${found}; this host supports ${supportedVersions}`);
+    Object.assign(this, { found, supported: supportedVersions });
   }
 }
 
@@ -220,6 +233,9 @@ export class Runtime {
     this.instantiateCore = instantiateCore;
     this.modules = new Map();
     this.dir = dir;
+    /** The loaded component's WIT package version (`0.1.0`), set at load. */
+    this.componentVersion = undefined;
+    this.coreVersion = undefined;
     // Compile eagerly, so a missing or broken build fails here, not mid-transaction.
     this.instance();
   }
@@ -233,6 +249,17 @@ export class Runtime {
       } catch (cause) {
         throw new ComponentLoadError(`loading ${join(this.dir, path)} (run \`npm run build\`): ${cause.message}`, { cause });
       }
+      // The interfaces this module implements carry the component's version:
+      // refuse another contract before anything is instantiated.
+      const ifaces = coreInterfaces(WebAssembly.Module.exports(module).map((e) => e.name));
+      if (ifaces.length > 0) {
+        const v = vet(ifaces);
+        if (!v.version) throw new UnsupportedComponent(v.found);
+        if (this.coreVersion !== undefined && this.coreVersion !== v.version) {
+          throw new UnsupportedComponent(`core modules of two versions (${this.coreVersion}, ${v.version})`);
+        }
+        this.coreVersion = v.version;
+      }
       this.modules.set(path, module);
     }
     return module;
@@ -242,6 +269,20 @@ export class Runtime {
   instance() {
     return new Instance(this);
   }
+}
+
+let defaultRuntime;
+
+/**
+ * The WIT package version of the component this package runs by default (the
+ * transpiled one in gen/), e.g. `'0.1.0'`: read from its export names at load.
+ * Loads it once per process; throws ComponentLoadError (UnsupportedComponent)
+ * as `new Runtime()` would. `runtime.componentVersion` gives the same for any
+ * runtime.
+ */
+export function componentVersion() {
+  defaultRuntime ??= new Runtime();
+  return defaultRuntime.componentVersion;
 }
 
 /** One instance of the component; replaced after a trap. */
@@ -261,11 +302,22 @@ export class Instance {
       if (cause instanceof FencecheckError) throw cause;
       throw new ComponentLoadError(`instantiating the fencecheck component: ${cause.message}`, { cause });
     }
-    const check = root[CHECK];
-    if (!check || ['check', 'checkBatch', 'checkPacked'].some((f) => typeof check[f] !== 'function')) {
-      throw new ComponentLoadError(`the component does not export ${CHECK}`);
+    // The glue's interface names are the transpiled component's exports.
+    const v = vet(Object.keys(root));
+    if (!v.version) throw new UnsupportedComponent(v.found);
+    const rt = this.runtime;
+    if (rt.coreVersion !== v.version) {
+      throw new ComponentLoadError(
+        `the core modules in ${rt.dir} implement fencecheck:fence@${rt.coreVersion ?? '(none)'}, `
+        + `but the transpiled glue (gen/fencecheck.js) calls ${v.check}; rebuild gen/ with \`npm run build\``,
+      );
     }
-    this.#exports = { check, lease: root[LEASE] };
+    const check = root[v.check];
+    if (!check || ['check', 'checkBatch', 'checkPacked'].some((f) => typeof check[f] !== 'function')) {
+      throw new ComponentLoadError(`the component does not export ${v.check}`);
+    }
+    rt.componentVersion = v.version;
+    this.#exports = { check, lease: root[v.lease] };
   }
 
   #bound(call, size) {
@@ -378,7 +430,7 @@ export class Instance {
   // -- the lease authority (grant side) ------------------------------------
 
   #lease(call, fn) {
-    if (!this.#exports.lease) throw new ComponentLoadError(`the component does not export ${LEASE}`);
+    if (!this.#exports.lease) throw new ComponentLoadError(`the component does not export fencecheck:fence/lease@${this.runtime.componentVersion}`);
     try {
       return this.#call(call, fn);
     } catch (e) {

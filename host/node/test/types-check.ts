@@ -1,6 +1,6 @@
 // Compiled by `npm run typecheck` (tsc --noEmit): the public .d.ts files
 // describe a usable API. Not run; a type error fails the check.
-import { FenceError, PackedFormatError, Runtime, token, type Decision } from '../src/index.js';
+import { FenceError, PackedFormatError, Runtime, UnsupportedComponent, WIT_VERSION, componentVersion, token, type Decision } from '../src/index.js';
 import { fencedWrite, install, LAYOUT_VERSION, TransactionEnded, UnsupportedLayout, type Database } from '../src/sqlite.js';
 
 declare const db: Database;
@@ -31,3 +31,12 @@ try {
 } catch (e) {
   if (e instanceof TransactionEnded) void e.retryable;
 }
+const running: string = componentVersion();
+const loaded: string = new Runtime().componentVersion;
+const built: string = WIT_VERSION;
+try {
+  new Runtime({ dir: '/elsewhere' });
+} catch (e) {
+  if (e instanceof UnsupportedComponent) void [e.found, e.supported];
+}
+void [running, loaded, built];
