@@ -20,7 +20,10 @@ fn workspace_version() -> Result<String> {
             return Ok(value.trim_matches('"').to_string());
         }
     }
-    anyhow::bail!("no version in [workspace.package] of {}", manifest.display())
+    anyhow::bail!(
+        "no version in [workspace.package] of {}",
+        manifest.display()
+    )
 }
 
 /// `fencecheck --version` prints `fencecheck VERSION` with the workspace's version and exits 0.
