@@ -34,18 +34,29 @@ fn other_components_are_vetted() -> Result<()> {
         .arg("component-version")
         .output()?;
     ensure!(out.status.success(), "exit {:?}", out.status);
-    ensure!(out.stdout == b"0.1.9\n", "{:?}", String::from_utf8_lossy(&out.stdout));
+    ensure!(
+        out.stdout == b"0.1.9\n",
+        "{:?}",
+        String::from_utf8_lossy(&out.stdout)
+    );
 
     let future = dir.path().join("future.wasm");
     std::fs::write(&future, rewrite_wit_version(COMPONENT, "0.2.0")?)?;
-    for args in [&["component-version"][..], &["component", "--out", "x.wasm"][..]] {
+    for args in [
+        &["component-version"][..],
+        &["component", "--out", "x.wasm"][..],
+    ] {
         let out = Command::new(env!("CARGO_BIN_EXE_fencecheck"))
             .current_dir(dir.path())
             .arg("--component")
             .arg(&future)
             .args(args)
             .output()?;
-        ensure!(out.status.code() == Some(1), "{args:?}: exit {:?}", out.status);
+        ensure!(
+            out.status.code() == Some(1),
+            "{args:?}: exit {:?}",
+            out.status
+        );
         ensure!(out.stdout.is_empty(), "{args:?} printed {:?}", out.stdout);
         let stderr = String::from_utf8(out.stderr)?;
         ensure!(
@@ -53,7 +64,10 @@ fn other_components_are_vetted() -> Result<()> {
                 == "fencecheck: component exports fencecheck:fence/check@0.2.0; this host supports fencecheck:fence@0.1.x\n",
             "{args:?}: {stderr:?}"
         );
-        ensure!(!dir.path().join("x.wasm").exists(), "a refused component was written");
+        ensure!(
+            !dir.path().join("x.wasm").exists(),
+            "a refused component was written"
+        );
     }
     Ok(())
 }

@@ -72,6 +72,8 @@ fn main() -> anyhow::Result<()> {
     // The component must pass the conformance vectors before it serves.
     let runtime = fencecheck_gateway::vetted(args.component.as_deref())
         .map_err(|e| anyhow::anyhow!("refusing the component: {e}"))?;
+    let component_version = runtime.component_version().to_string();
+    tracing::info!(version = %component_version, "component loaded");
     std::fs::create_dir_all(&args.data)
         .with_context(|| format!("creating {}", args.data.display()))?;
     let (coordinator, store): (Arc<dyn Coordinator>, Store) = match &args.postgres {
@@ -114,6 +116,7 @@ fn main() -> anyhow::Result<()> {
         max_in_flight: args.max_in_flight,
     };
     let metrics = Arc::new(Metrics::new().context("registering metrics")?);
+    metrics.component(&component_version);
     let reloader = Reloader::new(store.clone(), args.component.clone(), metrics.clone());
     let conf = ServerConf {
         threads: args.threads,

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry, TextEncoder,
+    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 /// Epochs above this are counted together as `other`.
@@ -17,6 +17,7 @@ pub struct Metrics {
     decisions: IntCounterVec,
     latency: HistogramVec,
     reloads: IntCounterVec,
+    component: IntGaugeVec,
 }
 
 impl Metrics {
@@ -45,6 +46,14 @@ impl Metrics {
             ),
             &["result"],
         )?;
+        let component = IntGaugeVec::new(
+            Opts::new(
+                "fencecheck_gateway_component_info",
+                "1 for the WIT package version of the component serving requests",
+            ),
+            &["version"],
+        )?;
+        registry.register(Box::new(component.clone()))?;
         registry.register(Box::new(reloads.clone()))?;
         registry.register(Box::new(decisions.clone()))?;
         registry.register(Box::new(latency.clone()))?;
@@ -53,6 +62,7 @@ impl Metrics {
             decisions,
             latency,
             reloads,
+            component,
         })
     }
 
@@ -85,6 +95,13 @@ impl Metrics {
     /// Count one reload attempt.
     pub fn reloaded(&self, result: &str) {
         self.reloads.with_label_values(&[result]).inc();
+    }
+
+    /// The component now serving is at WIT package `version` (one series:
+    /// the previous component's is removed).
+    pub fn component(&self, version: &str) {
+        self.component.reset();
+        self.component.with_label_values(&[version]).set(1);
     }
 
     /// The text exposition format.

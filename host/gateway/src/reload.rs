@@ -19,7 +19,9 @@ include!(concat!(env!("OUT_DIR"), "/vectors.rs"));
 
 /// Load a component (`None`: the embedded one) and return it only if it
 /// passes every conformance vector shipped with the gateway. A component of
-/// another WIT package version does not even instantiate.
+/// a WIT package version this build does not support (`fencecheck:fence@0.1.x`)
+/// is refused by the load itself (`fencecheck::Error::UnsupportedComponent`),
+/// before anything runs.
 pub fn vetted(path: Option<&Path>) -> Result<Runtime, String> {
     let runtime = match path {
         Some(path) => Runtime::from_file(path, Limits::default()),
@@ -62,7 +64,9 @@ impl Reloader {
         let runtime = tokio::task::spawn_blocking(move || vetted(path.as_deref()))
             .await
             .map_err(|e| e.to_string())??;
+        let version = runtime.component_version().to_string();
         self.store.swap(runtime);
+        self.metrics.component(&version);
         Ok(())
     }
 }
