@@ -158,7 +158,7 @@ static API: OnceLock<Api> = OnceLock::new();
 /// One component runtime per process (engine, compiled component).
 static RUNTIME: OnceLock<Runtime> = OnceLock::new();
 
-/// Per connection: its own component instance, shared by its three functions.
+/// Per connection: its own component instance, shared by its functions.
 struct PerConnection {
     runtime: Runtime,
     instance: Mutex<Instance>,
@@ -184,10 +184,11 @@ impl PerConnection {
 
 type Function = fn(&mut dyn fencecheck::Checker, &[Arg<'_>]) -> Result<Output, SqlError>;
 
-const FUNCTIONS: [(&std::ffi::CStr, c_int, XFunc); 3] = [
+const FUNCTIONS: [(&std::ffi::CStr, c_int, XFunc); 4] = [
     (c"fence_check", 6, fence_check),
     (c"fence_next", 6, fence_next),
     (c"fence_inspect", 1, fence_inspect),
+    (c"fence_version", 0, fence_version),
 ];
 
 /// The entry point SQLite looks for by default.
@@ -331,6 +332,15 @@ unsafe extern "C" fn fence_inspect(ctx: *mut Context, argc: c_int, argv: *mut *m
     unsafe { dispatch(ctx, argc, argv, functions::fence_inspect) }
 }
 
+unsafe extern "C" fn fence_version(ctx: *mut Context, argc: c_int, argv: *mut *mut Value) {
+    // SAFETY: called by SQLite with its own context and arguments.
+    unsafe {
+        with_connection(ctx, argc, argv, |shared, args| {
+            functions::fence_version(shared.runtime.component_version(), args)
+        })
+    }
+}
+
 /// Read the arguments, run `function` on this connection's instance, and set
 /// the result or the error.
 ///
@@ -338,6 +348,26 @@ unsafe extern "C" fn fence_inspect(ctx: *mut Context, argc: c_int, argv: *mut *m
 /// `ctx`, `argc` and `argv` are what SQLite passed to a function registered
 /// by `init`.
 unsafe fn dispatch(ctx: *mut Context, argc: c_int, argv: *mut *mut Value, function: Function) {
+    // SAFETY: the caller's contract is ours.
+    unsafe {
+        with_connection(ctx, argc, argv, |shared, args| {
+            let mut instance = shared.lock()?;
+            function(&mut *instance, args)
+        })
+    }
+}
+
+/// Read the arguments, run `function` with this connection's state, and set
+/// the result or the error.
+///
+/// # Safety
+/// As [`dispatch`].
+unsafe fn with_connection(
+    ctx: *mut Context,
+    argc: c_int,
+    argv: *mut *mut Value,
+    function: impl FnOnce(&PerConnection, &[Arg<'_>]) -> Result<Output, SqlError>,
+) {
     // Registered only after API was set.
     let Some(api) = API.get().copied() else {
         return;
@@ -349,8 +379,7 @@ unsafe fn dispatch(ctx: *mut Context, argc: c_int, argv: *mut *mut Value, functi
             .ok_or_else(|| SqlError("runtime-error: function called without its state".into()))?;
         // SAFETY: SQLite's arguments for this call.
         let (args, count) = unsafe { read_args(&api, argc, argv) }?;
-        let mut instance = shared.lock()?;
-        function(&mut *instance, &args[..count])
+        function(shared, &args[..count])
     }));
     let result = match outcome {
         Ok(result) => result,

@@ -213,6 +213,18 @@ pub(crate) fn fence_inspect(
         .map_err(|e| SqlError::new("runtime-error", e))
 }
 
+/// `fence_version()`: the WIT package version of the component this
+/// extension runs (the one built into it), e.g. `'0.1.0'`, as TEXT.
+pub(crate) fn fence_version(version: &str, args: &[Arg<'_>]) -> Result<Output, SqlError> {
+    if !args.is_empty() {
+        return Err(SqlError::new(
+            "invalid-argument",
+            format!("expected no arguments, got {}", args.len()),
+        ));
+    }
+    Ok(Output::Text(version.to_string()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
