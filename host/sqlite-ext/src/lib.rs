@@ -1,5 +1,5 @@
 //! A loadable SQLite extension that puts the fencecheck component behind
-//! three SQL functions, so any program that opens a SQLite database can fence
+//! four SQL functions, so any program that opens a SQLite database can fence
 //! its writes with one statement.
 //!
 //! # Layout
@@ -12,6 +12,9 @@
 //! - `fence_check(...same...)` → `'applied'`, `'duplicate'`, `'stale-fence'`
 //!   or `'version-conflict'`: asks why not, changes nothing.
 //! - `fence_inspect(state)` → the state as JSON TEXT (NULL for NULL).
+//! - `fence_version()` → the WIT package version of the embedded component
+//!   (`'0.1.0'`). The extension runs only the component built into it, so it
+//!   is never handed a component of another version.
 //!
 //! `state` is a BLOB or NULL (no state yet); `scope` TEXT; `token` TEXT in
 //! the canonical form `EPOCH.COUNTER` or `AUTHORITY:EPOCH.COUNTER`; `policy`
