@@ -50,6 +50,12 @@ LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
 COMMENT ON FUNCTION fence_inspect(bytea) IS
 'The decoded state as JSON (scope, authority, highest, version, window); corrupt bytes raise 5F006.';
 
+CREATE FUNCTION fence_version() RETURNS text
+AS 'MODULE_PATHNAME', 'fencecheck_fence_version'
+LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+COMMENT ON FUNCTION fence_version() IS
+'The WIT package version of the component this extension runs (the one built into it), e.g. 0.1.0.';
+
 CREATE FUNCTION fencecheck.row_trigger() RETURNS trigger
 AS 'MODULE_PATHNAME', 'fencecheck_row_trigger'
 LANGUAGE C;

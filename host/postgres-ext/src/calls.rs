@@ -26,14 +26,25 @@ thread_local! {
     static GUEST: RefCell<Option<Instance>> = const { RefCell::new(None) };
 }
 
+/// This backend's runtime over the embedded component, loaded on first use.
+fn runtime() -> Result<&'static Runtime, Raise> {
+    RUNTIME
+        .get_or_init(|| Runtime::new().map_err(|e| e.to_string()))
+        .as_ref()
+        .map_err(|e| Raise::new(SqlState::RuntimeError, e))
+}
+
+/// `fence_version`: the WIT package version of the component this
+/// extension runs (the one built into it, read at load), e.g. `0.1.0`.
+pub(crate) fn component_version() -> Result<&'static str, Raise> {
+    Ok(runtime()?.component_version())
+}
+
 /// Run `f` with this backend's instance, creating it on first use.
 pub(crate) fn with_guest<T>(
     f: impl FnOnce(&mut dyn Checker) -> Result<T, Raise>,
 ) -> Result<T, Raise> {
-    let runtime = RUNTIME
-        .get_or_init(|| Runtime::new().map_err(|e| e.to_string()))
-        .as_ref()
-        .map_err(|e| Raise::new(SqlState::RuntimeError, e))?;
+    let runtime = runtime()?;
     GUEST.with(|slot| {
         // A reentrant call (impossible from SQL: the guest calls nothing)
         // is refused rather than allowed to panic.

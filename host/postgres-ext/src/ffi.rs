@@ -133,6 +133,10 @@ fn fence_inspect(fcinfo: pg_sys::FunctionCallInfo) -> Result<Out, Raise> {
     Ok(datum(pgrx::JsonB(calls::inspect(state)?).into_datum()))
 }
 
+fn fence_version(_fcinfo: pg_sys::FunctionCallInfo) -> Result<Out, Raise> {
+    Ok(datum(calls::component_version()?.into_datum()))
+}
+
 fn datum(d: Option<pg_sys::Datum>) -> Out {
     d.map_or(Out::Null, Out::Datum)
 }
@@ -176,6 +180,7 @@ entry_points! {
     fencecheck_fence_check, pg_finfo_fencecheck_fence_check => fence_check;
     fencecheck_fence_next, pg_finfo_fencecheck_fence_next => fence_next;
     fencecheck_fence_inspect, pg_finfo_fencecheck_fence_inspect => fence_inspect;
+    fencecheck_fence_version, pg_finfo_fencecheck_fence_version => fence_version;
     fencecheck_row_trigger, pg_finfo_fencecheck_row_trigger => row_trigger;
     fencecheck_truncate_trigger, pg_finfo_fencecheck_truncate_trigger => truncate_trigger;
 }

@@ -6,8 +6,10 @@
 //! - `fence_check(state, scope, token, policy, op_id, expected_version)` →
 //!   the decision's name; `fence_next(…)` → the new state on `applied`,
 //!   otherwise an error with the outcome's own SQLSTATE; `fence_inspect(state)`
-//!   → `jsonb`. Same names, arguments and meaning as the SQLite extension,
-//!   so one statement works on both ([`calls`](self) holds the rules).
+//!   → `jsonb`; `fence_version()` → the embedded component's WIT package
+//!   version (`0.1.0`; only that component runs here). Same names, arguments
+//!   and meaning as the SQLite extension, so one statement works on both
+//!   ([`calls`](self) holds the rules).
 //! - `fence_protect(tbl, scope_column, token_column, state_column, policy)`
 //!   and `fence_unprotect(tbl)`: fenced tables, whose every write must
 //!   present a token (`protect.rs` documents each path).

@@ -255,3 +255,21 @@ fn declared_volatility_and_strictness() -> Result<()> {
     }
     Ok(())
 }
+
+/// fence_version() returns the WIT package version of the component built
+/// into the installed extension: the WIT's, the workspace's (this test
+/// crate's version). The extension cannot be handed another component, so
+/// there is no refusal to test here (the runtime's tests cover it).
+#[test]
+fn fence_version_is_the_components() -> Result<()> {
+    let (_server, mut db) = server()?;
+    let row = db.query_one(
+        "SELECT fence_version(), p.provolatile::text, p.proparallel::text
+           FROM pg_proc p WHERE p.proname = 'fence_version'",
+        &[],
+    )?;
+    let version: String = row.get(0);
+    ensure!(version == env!("CARGO_PKG_VERSION"), "{version}");
+    ensure!(row.get::<_, String>(1) == "i" && row.get::<_, String>(2) == "s");
+    Ok(())
+}
