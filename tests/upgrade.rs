@@ -545,3 +545,224 @@ fn sqlite_with_a_newer_state_changes_nothing_under_the_old_component() -> Result
     }
     Ok(())
 }
+
+/// `hex` back to bytes (the worker's state-before field).
+fn unhex(text: &str) -> Result<Vec<u8>> {
+    ensure!(text.len().is_multiple_of(2), "odd hex length");
+    (0..text.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&text[i..i + 2], 16).context("hex"))
+        .collect()
+}
+
+/// Two OS processes on one SQLite file, one running the 0.1.0 fixture and
+/// one this tree's component (plus a third: the tree over the component
+/// API), write the same three scopes concurrently through
+/// fencecheck-sqlite's fenced write, with tokens from a shared sequence in
+/// the database, held (paused) grants and replays. The shared history
+/// checker holds (versions 1..n, no accepted token below an earlier one,
+/// acknowledged writes kept, refused ones without trace), every scope's
+/// stored mark is its highest audited token, and every decision any process
+/// made is exactly what 0.1.0 and this tree (both transports) and the native
+/// reference decide on the same stored state and request: the versions
+/// never disagree.
+#[test]
+fn old_and_new_processes_share_one_database() -> Result<()> {
+    use fencecheck_tests::history::{Attempt, Audited, Kept, Seen, check};
+    use std::io::{BufRead, BufReader, Write};
+    use std::process::{Command, Stdio};
+
+    const ATTEMPTS: u64 = 150;
+    let scopes = ["report/a", "report/b", "report/c"];
+    let dir = tempfile::tempdir()?;
+    let db = dir.path().join("shared.db");
+    let conn = rusqlite::Connection::open(&db)?;
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    install(&conn)?;
+    conn.execute_batch(
+        "CREATE TABLE upgrade_audit (scope TEXT NOT NULL, version INTEGER NOT NULL,
+             token TEXT NOT NULL, payload TEXT NOT NULL, PRIMARY KEY (scope, version));
+         CREATE TABLE upgrade_value (scope TEXT NOT NULL PRIMARY KEY,
+             version INTEGER NOT NULL, payload TEXT NOT NULL);
+         CREATE TABLE upgrade_seq (next INTEGER NOT NULL);
+         INSERT INTO upgrade_seq VALUES (0);",
+    )?;
+    let fixture = fixture_path();
+    let fixture = fixture.to_str().context("fixture path")?;
+    let workers: [(&str, Vec<&str>); 3] = [
+        ("0.1.0/core", vec!["--component", fixture]),
+        ("tree/core", vec![]),
+        ("tree/component", vec!["--component-api"]),
+    ];
+    let mut children = Vec::new();
+    for (client, (name, flags)) in workers.iter().enumerate() {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_fencecheck-upgrade-worker"))
+            .arg(&db)
+            .arg(client.to_string())
+            .arg(ATTEMPTS.to_string())
+            .args(flags)
+            .args(scopes)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .with_context(|| format!("starting the {name} worker"))?;
+        let mut out = BufReader::new(child.stdout.take().context("stdout")?);
+        let mut ready = String::new();
+        out.read_line(&mut ready)?;
+        ensure!(ready.trim_end() == "ready", "{name}: {ready:?}");
+        children.push((*name, child, out));
+    }
+    // Every process has loaded its component before any writes.
+    let mut readers = Vec::new();
+    for (name, mut child, out) in children {
+        writeln!(child.stdin.take().context("stdin")?, "go")?;
+        readers.push(std::thread::spawn(
+            move || -> Result<(&str, Vec<String>)> {
+                let lines = out.lines().collect::<std::io::Result<Vec<_>>>()?;
+                let status = child.wait()?;
+                ensure!(status.success(), "{name} worker: {status}");
+                Ok((name, lines))
+            },
+        ));
+    }
+    let mut outputs = Vec::new();
+    for reader in readers {
+        outputs.push(
+            reader
+                .join()
+                .map_err(|_| anyhow::anyhow!("reader panicked"))??,
+        );
+    }
+
+    let mut judges = instances()?;
+    let mut history = Vec::new();
+    let mut applied_by = [0usize; 3];
+    for (client, (name, lines)) in outputs.iter().enumerate() {
+        ensure!(
+            lines.last().map(String::as_str) == Some("done"),
+            "{name} did not finish"
+        );
+        let attempts: Vec<&String> = lines
+            .iter()
+            .filter(|l| l.starts_with("attempt\t"))
+            .collect();
+        ensure!(
+            attempts.len() as u64 == ATTEMPTS,
+            "{name}: {} attempts",
+            attempts.len()
+        );
+        for line in attempts {
+            let fields: Vec<&str> = line.split('\t').collect();
+            let [_, _, scope, token, payload, state, recorded] = fields.as_slice() else {
+                bail!("{name}: bad line {line:?}");
+            };
+            let token = token.parse::<fencecheck::TokenText>()?.0;
+            let state = match *state {
+                "-" => None,
+                text => Some(unhex(text)?),
+            };
+            let request = Request::new(*scope, token, Policy::Strict);
+            let reference = Native.check(state.as_deref(), &request)?;
+            ensure!(
+                format!("{reference:?}") == *recorded,
+                "{name} decided {recorded} where native decides {reference:?} ({request:?})"
+            );
+            for (judge, guest) in judges.iter_mut() {
+                let again = guest.check(state.as_deref(), &request)?;
+                ensure!(
+                    again == reference,
+                    "{judge} disagrees with {name} on {request:?}"
+                );
+            }
+            let seen = match fencecheck::accept(reference) {
+                Ok((accepted, _)) => {
+                    applied_by[client] += 1;
+                    Seen::Applied(accepted.version)
+                }
+                Err(rejection) => Seen::Refused(rejection.name().to_string()),
+            };
+            history.push(Attempt {
+                client,
+                scope: scope.to_string(),
+                token,
+                op_id: None,
+                expected_version: None,
+                payload: payload.to_string(),
+                seen,
+            });
+        }
+    }
+
+    let mut kept = Kept::default();
+    let mut audit = conn.prepare("SELECT scope, version, token, payload FROM upgrade_audit")?;
+    let rows = audit.query_map([], |r| {
+        Ok((
+            r.get::<_, String>(0)?,
+            r.get::<_, i64>(1)?,
+            r.get::<_, String>(2)?,
+            r.get::<_, String>(3)?,
+        ))
+    })?;
+    for row in rows {
+        let (scope, version, token, payload) = row?;
+        let token = token.parse::<fencecheck::TokenText>()?.0;
+        kept.audit
+            .entry(scope)
+            .or_default()
+            .insert(u64::try_from(version)?, Audited { payload, token });
+    }
+    let mut values = conn.prepare("SELECT scope, version, payload FROM upgrade_value")?;
+    let rows = values.query_map([], |r| {
+        Ok((
+            r.get::<_, String>(0)?,
+            r.get::<_, i64>(1)?,
+            r.get::<_, String>(2)?,
+        ))
+    })?;
+    for row in rows {
+        let (scope, version, payload) = row?;
+        kept.finals
+            .insert(scope, (u64::try_from(version)?, payload));
+    }
+    let summary = check(&history, &kept)?;
+    ensure!(summary.unknown == 0, "{summary:?}");
+    ensure!(
+        summary.refused > 0,
+        "held and replayed grants must be refused: {summary:?}"
+    );
+    for (client, applied) in applied_by.iter().enumerate() {
+        ensure!(*applied > 0, "client {client} never applied a write");
+    }
+    // The mark: each scope's stored highest token is its last audited one.
+    for scope in scopes {
+        let log = kept.audit.get(scope).context("every scope was written")?;
+        let (version, last) = log.iter().next_back().context("non-empty")?;
+        let state = fencecheck_sqlite::stored_state(&conn, scope)?.context("a stored state")?;
+        let info = Native
+            .inspect(&state)?
+            .map_err(|e| anyhow::anyhow!("{scope}: {e:?}"))?;
+        ensure!(
+            info.highest == last.token && info.version == *version,
+            "{scope}: stored mark {:?} v{} is not the last audited {:?} v{version}",
+            info.highest,
+            info.version,
+            last.token
+        );
+    }
+    // How often consecutive commits to a scope came from different
+    // processes (reported, not asserted: the scheduler decides).
+    let switches: usize = kept
+        .audit
+        .values()
+        .map(|log| {
+            let writers: Vec<&str> = log.values().map(|w| &w.payload[..2]).collect();
+            writers.windows(2).filter(|w| w[0] != w[1]).count()
+        })
+        .sum();
+    eprintln!(
+        "shared database: {summary:?}, applied per process {applied_by:?}, \
+         {switches} hand-overs between processes"
+    );
+    Ok(())
+}
