@@ -15,6 +15,36 @@ pub enum AuthorityError {
     /// The etcd store failed or could not be reached.
     #[error("lease store (etcd): {0}")]
     Etcd(String),
+    /// TLS to etcd failed before any request was executed: a certificate or
+    /// key file that cannot be used, a member certificate not signed by the
+    /// CA given or not naming the endpoint's host, or a member refusing the
+    /// client certificate (none given, or one from another CA). Definitive:
+    /// fix the certificates; retrying changes nothing.
+    #[error("etcd TLS: {0}")]
+    Tls(String),
+    /// etcd did not let the coordinator in as its user: a wrong user name or
+    /// password, a cluster with authentication enabled but no credentials
+    /// given, or credentials given to a cluster without authentication
+    /// (refused rather than ignored). Nothing was executed.
+    #[error("etcd authentication failed: {0}")]
+    AuthenticationFailed(String),
+    /// etcd refused a request because the user's roles do not cover the
+    /// coordinator's keys. etcd checks a transaction's permissions before
+    /// applying any of it, so nothing changed. Grant the user's role
+    /// read-write on the whole prefix.
+    #[error(
+        "etcd permission denied: user {user:?} may not {operation} keys under {prefix:?}; \
+         grant its role readwrite on that prefix (nothing was changed)"
+    )]
+    PermissionDenied {
+        /// The etcd user (empty if none was given).
+        user: String,
+        /// What was refused: `read` or `write` (a write transaction also
+        /// reads what it compares).
+        operation: &'static str,
+        /// The coordinator's key prefix.
+        prefix: String,
+    },
     /// The component could not run (trapped, refused to load).
     #[error("fencecheck component: {0}")]
     Guest(#[from] fencecheck::Error),

@@ -14,7 +14,9 @@
 //! - [`SqliteCoordinator`]: the embedded default; one `BEGIN IMMEDIATE`
 //!   transaction per decision.
 //! - [`EtcdCoordinator`], [`EtcdOptions`]: an etcd v3 cluster through its JSON
-//!   gateway; one compare-and-swap transaction per decision.
+//!   gateway; one compare-and-swap transaction per decision; over TLS
+//!   ([`EtcdTls`]) and as an etcd user ([`EtcdCredentials`]) when the
+//!   cluster requires them.
 //! - [`Clock`], [`SystemClock`], [`MonotonicClock`], [`ManualClock`]: the
 //!   coordinator's time authority and the client's local clock; tests drive
 //!   manual ones.
@@ -59,8 +61,10 @@ mod sqlite;
 pub use client::{AcquireResult, Client, DriftBound, Lease, WriteError, WriteOutcome};
 pub use clock::{Clock, ManualClock, MonotonicClock, SystemClock};
 pub use error::AuthorityError;
-pub use etcd::{EtcdCoordinator, EtcdOptions};
-pub use migrate::{Migrated, MigrationStep, StoreUrl, migrate, migrate_with};
+pub use etcd::{EtcdCoordinator, EtcdCredentials, EtcdOptions, EtcdTls};
+pub use migrate::{
+    EtcdAccess, Migrated, MigrationStep, StoreUrl, migrate, migrate_with, migrate_with_etcd,
+};
 pub use postgres::PostgresCoordinator;
 pub use sqlite::SqliteCoordinator;
 

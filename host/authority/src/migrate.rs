@@ -29,14 +29,16 @@ use std::str::FromStr;
 
 use fencecheck::{Instance, Runtime};
 
-use crate::{AuthorityError, EtcdOptions, rules};
+use crate::{AuthorityError, EtcdCredentials, EtcdOptions, EtcdTls, rules};
 
 /// A lease store, as `fencecheck authority migrate` names it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum StoreUrl {
     /// `sqlite:PATH`: a SQLite coordinator database.
     Sqlite(PathBuf),
-    /// `etcd:http://HOST:PORT[,http://…]`: an etcd cluster (default prefix).
+    /// `etcd:http://HOST:PORT[,http://…]` or `etcd:https://…`: an etcd
+    /// cluster (default prefix); TLS settings and credentials come from the
+    /// [`EtcdAccess`] given to [`migrate_with_etcd`].
     Etcd(Vec<String>),
     /// `postgres://…` or `postgresql://…`: a PostgreSQL database.
     Postgres(String),
@@ -49,7 +51,7 @@ impl FromStr for StoreUrl {
         let bad = |why: &str| {
             AuthorityError::MigrationRefused(format!(
                 "{s:?} is not a store URL ({why}): use sqlite:PATH, \
-                 etcd:http://HOST:PORT[,…] or postgres://…"
+                 etcd:http[s]://HOST:PORT[,…] or postgres://…"
             ))
         };
         if let Some(path) = s.strip_prefix("sqlite:") {
@@ -60,8 +62,9 @@ impl FromStr for StoreUrl {
         }
         if let Some(list) = s.strip_prefix("etcd:") {
             let endpoints: Vec<String> = list.split(',').map(str::to_owned).collect();
-            if endpoints.iter().any(|e| !e.starts_with("http://")) {
-                return Err(bad("etcd endpoints are http:// URLs"));
+            let all = |scheme: &str| endpoints.iter().all(|e| e.starts_with(scheme));
+            if !all("http://") && !all("https://") {
+                return Err(bad("etcd endpoints are all http:// or all https:// URLs"));
             }
             return Ok(Self::Etcd(endpoints));
         }
@@ -229,9 +232,33 @@ pub fn migrate_with(
     at_least: u64,
     step: &mut dyn FnMut(MigrationStep),
 ) -> Result<Migrated, AuthorityError> {
+    migrate_with_etcd(runtime, from, to, at_least, step, &EtcdAccess::default())
+}
+
+/// How a migration reaches the etcd stores it names by URL: TLS settings,
+/// used for `https://` endpoints (and required for them), and credentials,
+/// used for every etcd side (both sides need the same user if both are
+/// etcd; a side without authentication enabled refuses credentials).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EtcdAccess {
+    /// TLS settings, as [`EtcdOptions::tls`].
+    pub tls: Option<EtcdTls>,
+    /// The etcd user, as [`EtcdOptions::credentials`].
+    pub credentials: Option<EtcdCredentials>,
+}
+
+/// [`migrate_with`], reaching etcd stores with `etcd`.
+pub fn migrate_with_etcd(
+    runtime: &Runtime,
+    from: &StoreUrl,
+    to: &StoreUrl,
+    at_least: u64,
+    step: &mut dyn FnMut(MigrationStep),
+    etcd: &EtcdAccess,
+) -> Result<Migrated, AuthorityError> {
     let mut guest = runtime.instance()?;
-    let target = identity(to)?;
-    if identity(from)? == target {
+    let target = identity(to, etcd)?;
+    if identity(from, etcd)? == target {
         return Err(AuthorityError::MigrationRefused(
             "the source and the target are the same store".into(),
         ));
@@ -240,7 +267,7 @@ pub fn migrate_with(
     // changes nothing. (A target that changes between this check and the
     // import is refused then, with the source sealed for it: re-run once
     // the target is sorted out.)
-    let source = peek(from, runtime)?;
+    let source = peek(from, runtime, etcd)?;
     let lineage = match (&source.held, source.legacy) {
         (Some(Lineage::Live(l) | Lineage::Moved(l, _)), _) => *l,
         (Some(Lineage::Importing(_)), _) => {
@@ -262,13 +289,13 @@ pub fn migrate_with(
             "the source was already moved to {to}"
         )));
     }
-    let destination = peek(to, runtime)?;
+    let destination = peek(to, runtime, etcd)?;
     target_verdict(destination.held.as_ref(), destination.has_state, lineage)?;
     let export = match from {
         StoreUrl::Sqlite(path) => crate::sqlite::seal(path, &target, &mut guest, at_least)?,
         StoreUrl::Postgres(url) => crate::postgres::seal(url, &target, &mut guest, at_least)?,
         StoreUrl::Etcd(endpoints) => {
-            crate::etcd::seal(options(endpoints), &target, runtime, at_least)?
+            crate::etcd::seal(options(endpoints, etcd), &target, runtime, at_least)?
         }
     };
     step(MigrationStep::Sealed);
@@ -276,7 +303,7 @@ pub fn migrate_with(
         StoreUrl::Sqlite(path) => crate::sqlite::import(path, &export)?,
         StoreUrl::Postgres(url) => crate::postgres::import(url, &export)?,
         StoreUrl::Etcd(endpoints) => {
-            crate::etcd::import(options(endpoints), &export, runtime, step)?
+            crate::etcd::import(options(endpoints, etcd), &export, runtime, step)?
         }
     };
     Ok(match imported {
@@ -295,25 +322,32 @@ pub fn migrate_with(
     })
 }
 
-fn peek(store: &StoreUrl, runtime: &Runtime) -> Result<Peek, AuthorityError> {
+fn peek(store: &StoreUrl, runtime: &Runtime, etcd: &EtcdAccess) -> Result<Peek, AuthorityError> {
     match store {
         StoreUrl::Sqlite(path) => crate::sqlite::peek(path),
         StoreUrl::Postgres(url) => crate::postgres::peek(url),
-        StoreUrl::Etcd(endpoints) => crate::etcd::peek(options(endpoints), runtime),
+        StoreUrl::Etcd(endpoints) => crate::etcd::peek(options(endpoints, etcd), runtime),
     }
 }
 
-fn options(endpoints: &[String]) -> EtcdOptions {
-    EtcdOptions::new(endpoints.iter().cloned())
+fn options(endpoints: &[String], etcd: &EtcdAccess) -> EtcdOptions {
+    // `StoreUrl` checked that a cluster's endpoints share one scheme; a
+    // plain http:// side of a migration to or from TLS takes no TLS.
+    let https = endpoints.iter().all(|e| e.starts_with("https://"));
+    EtcdOptions {
+        tls: etcd.tls.clone().filter(|_| https),
+        credentials: etcd.credentials.clone(),
+        ..EtcdOptions::new(endpoints.iter().cloned())
+    }
 }
 
 /// A store's name as a seal records it: stable however the store is
 /// reached (an absolute path; an etcd cluster by id and key prefix, not by
 /// the members listed; a PostgreSQL server and database, no credentials).
-fn identity(store: &StoreUrl) -> Result<String, AuthorityError> {
+fn identity(store: &StoreUrl, etcd: &EtcdAccess) -> Result<String, AuthorityError> {
     Ok(match store {
         StoreUrl::Sqlite(path) => format!("sqlite:{}", absolute(path)?.display()),
-        StoreUrl::Etcd(endpoints) => crate::etcd::identity(options(endpoints))?,
+        StoreUrl::Etcd(endpoints) => crate::etcd::identity(options(endpoints, etcd))?,
         StoreUrl::Postgres(url) => crate::postgres::identity(url)?,
     })
 }
@@ -353,7 +387,14 @@ mod tests {
             let url: StoreUrl = text.parse().unwrap_or_else(|e| panic!("{text}: {e}"));
             assert_eq!(url.to_string(), shown);
         }
-        for bad in ["", "sqlite:", "etcd:https://x", "mysql://x", "/tmp/x.db"] {
+        for bad in [
+            "",
+            "sqlite:",
+            "etcd:x:2379",
+            "etcd:https://x,http://y",
+            "mysql://x",
+            "/tmp/x.db",
+        ] {
             assert!(bad.parse::<StoreUrl>().is_err(), "{bad}");
         }
     }

@@ -17,7 +17,10 @@
 //! compare. A lost compare re-reads (the transaction's failure branch
 //! returns the fresh keys) and decides again, a bounded number of times.
 
+mod access;
 mod gateway;
+
+pub use access::{EtcdCredentials, EtcdTls};
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -26,8 +29,8 @@ use fencecheck::{Instance, Runtime, Token};
 use serde_json::json;
 
 use gateway::{
-    Delivery, Entry, Gateway, Kv, OpResponse, TxnResponse, delete_range_op, etcd_error, excerpt,
-    parse, prefix_end, put_op, range_all_op, range_op, range_unchanged_since, unchanged,
+    Access, Delivery, Entry, Gateway, Kv, OpResponse, TxnResponse, delete_range_op, etcd_error,
+    excerpt, parse, prefix_end, put_op, range_all_op, range_op, range_unchanged_since, unchanged,
 };
 
 use crate::migrate::{self, Export, Imported, Lineage, MigrationStep, Peek};
@@ -37,9 +40,9 @@ use crate::{AcquireOutcome, AuthorityError, Clock, Coordinator, ReleaseOutcome, 
 /// How an [`EtcdCoordinator`] reaches and uses the cluster.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EtcdOptions {
-    /// Client URLs of the cluster's members, e.g. `http://127.0.0.1:2379`
-    /// (plain HTTP; TLS is not supported). A member that cannot be reached
-    /// is skipped for the next one.
+    /// Client URLs of the cluster's members, e.g. `http://127.0.0.1:2379`,
+    /// or all `https://…` with [`EtcdOptions::tls`]. A member that cannot be
+    /// reached is skipped for the next one.
     pub endpoints: Vec<String>,
     /// Prefix of every key the coordinator uses; coordinators sharing locks
     /// must share it.
@@ -52,6 +55,12 @@ pub struct EtcdOptions {
     /// Compare-and-swap attempts per decision before giving up with
     /// [`AuthorityError::Contention`].
     pub max_attempts: u32,
+    /// TLS settings for `https://` endpoints (required for them, refused
+    /// with `http://` ones).
+    pub tls: Option<EtcdTls>,
+    /// The etcd user to authenticate as, for a cluster with authentication
+    /// enabled; its role must grant read-write on the whole `prefix`.
+    pub credentials: Option<EtcdCredentials>,
 }
 
 impl EtcdOptions {
@@ -64,6 +73,19 @@ impl EtcdOptions {
             connect_timeout: Duration::from_secs(1),
             request_timeout: Duration::from_secs(5),
             max_attempts: 32,
+            tls: None,
+            credentials: None,
+        }
+    }
+
+    fn access(&self) -> Access<'_> {
+        Access {
+            endpoints: &self.endpoints,
+            connect_timeout: self.connect_timeout,
+            request_timeout: self.request_timeout,
+            tls: self.tls.as_ref(),
+            credentials: self.credentials.as_ref(),
+            prefix: &self.prefix,
         }
     }
 }
@@ -141,11 +163,7 @@ impl EtcdCoordinator {
         if options.max_attempts == 0 {
             return Err(etcd_error("max_attempts must be at least 1"));
         }
-        let gateway = Gateway::connect(
-            &options.endpoints,
-            options.connect_timeout,
-            options.request_timeout,
-        )?;
+        let gateway = Gateway::connect(options.access())?;
         let prefix = options.prefix.into_bytes();
         let mut floor_key = prefix.clone();
         floor_key.extend_from_slice(b"epoch-floor");
@@ -502,11 +520,7 @@ impl EtcdCoordinator {
 /// The cluster and key prefix `options` reach, as a seal records them.
 pub(crate) fn identity(options: EtcdOptions) -> Result<String, AuthorityError> {
     let prefix = options.prefix.clone();
-    let gateway = Gateway::connect(
-        &options.endpoints,
-        options.connect_timeout,
-        options.request_timeout,
-    )?;
+    let gateway = Gateway::connect(options.access())?;
     Ok(format!(
         "etcd:cluster={:x}/prefix={prefix}",
         gateway.cluster()

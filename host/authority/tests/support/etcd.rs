@@ -65,6 +65,17 @@ struct Member {
     stopped: bool,
 }
 
+/// Members that serve clients over TLS ([`Cluster::start_secure`]).
+#[derive(Clone)]
+pub struct Secure {
+    /// Extra etcd flags: `--cert-file`, `--key-file`, `--trusted-ca-file`,
+    /// `--client-cert-auth`, …
+    pub args: Vec<String>,
+    /// The agent the harness polls members' status with (trusting their CA,
+    /// presenting a client certificate).
+    pub agent: ureq::Agent,
+}
+
 /// A running etcd cluster of child processes on 127.0.0.1, or each member
 /// in a network namespace of its own ([`Cluster::start_in`]).
 pub struct Cluster {
@@ -73,6 +84,8 @@ pub struct Cluster {
     initial_cluster: String,
     token: String,
     http: ureq::Agent,
+    /// Extra flags every member gets (TLS, auth token TTL).
+    extra_args: Vec<String>,
     // Last: removed after the members are dead.
     dir: tempfile::TempDir,
 }
@@ -81,7 +94,13 @@ impl Cluster {
     /// Start `size` members and wait until they agree on a leader. Retries
     /// with new ports if one was taken between choosing and binding it.
     pub fn start(size: usize) -> Result<Self> {
-        Self::start_with(size, None)
+        Self::start_with(size, None, None)
+    }
+
+    /// [`Cluster::start`] with `https://` client URLs and `secure`'s flags
+    /// (peers still talk plain HTTP on loopback).
+    pub fn start_secure(size: usize, secure: Secure) -> Result<Self> {
+        Self::start_with(size, None, Some(secure))
     }
 
     /// Start `size` members, member `i` in `net`'s node `i` (its own
@@ -89,14 +108,14 @@ impl Cluster {
     /// only from threads inside their namespaces.
     pub fn start_in(net: Arc<Net>, size: usize) -> Result<Self> {
         ensure!(size <= net.size(), "{size} members on {} nodes", net.size());
-        Self::start_with(size, Some(net))
+        Self::start_with(size, Some(net), None)
     }
 
-    fn start_with(size: usize, net: Option<Arc<Net>>) -> Result<Self> {
+    fn start_with(size: usize, net: Option<Arc<Net>>, secure: Option<Secure>) -> Result<Self> {
         let binary = etcd_binary()?;
         let mut last = None;
         for _ in 0..3 {
-            match Self::try_start(&binary, size, net.clone()) {
+            match Self::try_start(&binary, size, net.clone(), secure.clone()) {
                 Ok(cluster) => return Ok(cluster),
                 Err(e) => last = Some(e),
             }
@@ -105,13 +124,19 @@ impl Cluster {
             .context(format!("starting a {size}-member etcd cluster"))
     }
 
-    fn try_start(binary: &Path, size: usize, net: Option<Arc<Net>>) -> Result<Self> {
+    fn try_start(
+        binary: &Path,
+        size: usize,
+        net: Option<Arc<Net>>,
+        secure: Option<Secure>,
+    ) -> Result<Self> {
         ensure!(size > 0, "a cluster needs members");
         let dir = tempfile::Builder::new()
             .prefix("fencecheck-etcd-")
             .tempdir()?;
         let ports = free_ports(size * 2)?;
         let mut members = Vec::with_capacity(size);
+        let scheme = if secure.is_some() { "https" } else { "http" };
         for i in 0..size {
             let name = format!("m{i}");
             // In a namespace of its own a member has its address to itself.
@@ -123,7 +148,7 @@ impl Cluster {
                 node: i,
                 initial_cluster: String::new(),
                 state: "new",
-                client_url: format!("http://{host}:{client}"),
+                client_url: format!("{scheme}://{host}:{client}"),
                 peer_url: format!("http://{host}:{peer}"),
                 data_dir: dir.path().join(&name),
                 log: dir.path().join(format!("{name}.log")),
@@ -145,12 +170,18 @@ impl Cluster {
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_default()
         );
-        let http = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .timeout_connect(Some(Duration::from_millis(500)))
-            .timeout_global(Some(Duration::from_secs(2)))
-            .build()
-            .into();
+        let (http, extra_args) = match secure {
+            Some(secure) => (secure.agent, secure.args),
+            None => (
+                ureq::Agent::config_builder()
+                    .http_status_as_error(false)
+                    .timeout_connect(Some(Duration::from_millis(500)))
+                    .timeout_global(Some(Duration::from_secs(2)))
+                    .build()
+                    .into(),
+                Vec::new(),
+            ),
+        };
         for m in &mut members {
             m.initial_cluster = initial_cluster.clone();
         }
@@ -160,6 +191,7 @@ impl Cluster {
             initial_cluster,
             token,
             http,
+            extra_args,
             dir,
         };
         for i in 0..size {
@@ -202,6 +234,7 @@ impl Cluster {
             // within a second on loopback.
             .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
             .args(["--logger", "zap", "--log-outputs", "stderr"])
+            .args(&self.extra_args)
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log);
