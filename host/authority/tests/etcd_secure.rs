@@ -9,6 +9,8 @@ mod common;
 mod etcd;
 #[path = "support/pki.rs"]
 mod pki;
+#[path = "support/secure_etcd.rs"]
+mod secure_etcd;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -18,7 +20,7 @@ use anyhow::{Context, Result, bail, ensure};
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as B64;
 use common::{Catalog, TempDir};
-use etcd::{Cluster, Secure};
+use etcd::Cluster;
 use fencecheck::{Decision, Policy};
 use fencecheck_authority::{
     AcquireOutcome, AcquireResult, AuthorityError, Client, Coordinator, DriftBound,
@@ -26,46 +28,11 @@ use fencecheck_authority::{
     RenewOutcome, WriteOutcome,
 };
 use pki::{Pair, Pki};
-use serde_json::{Value, json};
+use secure_etcd::{Admin, PASSWORD, secure_cluster};
+use serde_json::json;
 
 const LOCK: &str = "report/july";
 const TTL: u64 = 30_000;
-const ROOT_PASSWORD: &str = "root-secret";
-const PASSWORD: &str = "fencer-secret";
-
-/// The test's own client: trusts the test CA, presents the client
-/// certificate.
-fn agent(pki: &Pki) -> Result<ureq::Agent> {
-    use ureq::tls::{Certificate, ClientCert, PrivateKey, RootCerts, TlsConfig};
-    let ca = Certificate::from_pem(&std::fs::read(&pki.ca)?)?;
-    let cert = Certificate::from_pem(&std::fs::read(&pki.client.cert)?)?;
-    let key = PrivateKey::from_pem(&std::fs::read(&pki.client.key)?)?;
-    let tls = TlsConfig::builder()
-        .root_certs(RootCerts::new_with_certs(&[ca]))
-        .client_cert(Some(ClientCert::new_with_certs(&[cert], key)))
-        .build();
-    Ok(ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_connect(Some(Duration::from_millis(500)))
-        .timeout_global(Some(Duration::from_secs(5)))
-        .tls_config(tls)
-        .build()
-        .into())
-}
-
-/// A one-member cluster serving clients over TLS, requiring a client
-/// certificate signed by the test CA; `extra` etcd flags added.
-fn secure_cluster(pki: &Pki, extra: &[&str]) -> Result<Cluster> {
-    let mut args = pki.etcd_args();
-    args.extend(extra.iter().map(|s| s.to_string()));
-    Cluster::start_secure(
-        1,
-        Secure {
-            args,
-            agent: agent(pki)?,
-        },
-    )
-}
 
 fn tls(ca: &Path, client: Option<&Pair>) -> Result<EtcdTls> {
     Ok(EtcdTls::from_files(
@@ -97,132 +64,6 @@ fn connect(
     clock: &Arc<ManualClock>,
 ) -> Result<EtcdCoordinator, AuthorityError> {
     EtcdCoordinator::with_options(options, fencecheck::Runtime::shared()?, clock.clone())
-}
-
-/// etcd's root user through the JSON gateway, beside the coordinator: sets
-/// up users and roles and inspects what was written.
-struct Admin {
-    http: ureq::Agent,
-    endpoint: String,
-    token: Option<String>,
-}
-
-impl Admin {
-    fn new(pki: &Pki, cluster: &Cluster) -> Result<Self> {
-        Ok(Self {
-            http: agent(pki)?,
-            endpoint: cluster.endpoint(0),
-            token: None,
-        })
-    }
-
-    /// POST as root; the HTTP status and the body.
-    fn send(&self, path: &str, body: &Value, token: Option<&str>) -> Result<(u16, Value)> {
-        let mut request = self
-            .http
-            .post(format!("{}{path}", self.endpoint))
-            .header("content-type", "application/json");
-        if let Some(token) = token {
-            request = request.header("authorization", token);
-        }
-        let mut response = request
-            .send(body.to_string())
-            .with_context(|| format!("POST {path}"))?;
-        let status = response.status().as_u16();
-        let bytes = response.body_mut().read_to_vec()?;
-        let value = serde_json::from_slice(&bytes)
-            .with_context(|| format!("{path}: {}", String::from_utf8_lossy(&bytes)))?;
-        Ok((status, value))
-    }
-
-    /// POST as root (once authentication is on, with a fresh token).
-    fn call(&mut self, path: &str, body: Value) -> Result<Value> {
-        if self.token.is_some() {
-            self.token = Some(self.authenticate("root", ROOT_PASSWORD)?);
-        }
-        let (status, value) = self.send(path, &body, self.token.as_deref())?;
-        ensure!(status == 200, "{path}: HTTP {status}: {value}");
-        Ok(value)
-    }
-
-    fn authenticate(&self, user: &str, password: &str) -> Result<String> {
-        let body = json!({"name": user, "password": password});
-        let (status, value) = self.send("/v3/auth/authenticate", &body, None)?;
-        ensure!(status == 200, "authenticate {user}: HTTP {status}: {value}");
-        Ok(value["token"]
-            .as_str()
-            .context("no token in the answer")?
-            .to_owned())
-    }
-
-    /// A user with one role granting `perm` on each `(key, range_end)`.
-    fn user(&mut self, name: &str, perm: &str, ranges: &[(&str, Option<&str>)]) -> Result<()> {
-        let role = format!("{name}-role");
-        self.call(
-            "/v3/auth/user/add",
-            json!({"name": name, "password": PASSWORD}),
-        )?;
-        self.call("/v3/auth/role/add", json!({"name": role}))?;
-        for (key, end) in ranges {
-            let mut grant = json!({"permType": perm, "key": B64.encode(key)});
-            if let Some(end) = end {
-                grant["range_end"] = json!(B64.encode(end));
-            }
-            self.call("/v3/auth/role/grant", json!({"name": role, "perm": grant}))?;
-        }
-        self.call("/v3/auth/user/grant", json!({"user": name, "role": role}))?;
-        Ok(())
-    }
-
-    /// Create root and the test users, then turn authentication on:
-    /// - `fencer`: read-write on `fencecheck/` (the coordinator's user);
-    /// - `stranger`: read-write on `other/` only;
-    /// - `reader`: read-only on `fencecheck/`;
-    /// - `partial`: read-write on the lineage and floor keys, not the locks.
-    fn enable_auth(&mut self) -> Result<()> {
-        self.call(
-            "/v3/auth/user/add",
-            json!({"name": "root", "password": ROOT_PASSWORD}),
-        )?;
-        self.call(
-            "/v3/auth/user/grant",
-            json!({"user": "root", "role": "root"}),
-        )?;
-        self.user(
-            "fencer",
-            "READWRITE",
-            &[("fencecheck/", Some("fencecheck0"))],
-        )?;
-        self.user("stranger", "READWRITE", &[("other/", Some("other0"))])?;
-        self.user("reader", "READ", &[("fencecheck/", Some("fencecheck0"))])?;
-        self.user(
-            "partial",
-            "READWRITE",
-            &[
-                ("fencecheck/lineage", None),
-                ("fencecheck/epoch-floor", None),
-            ],
-        )?;
-        self.call("/v3/auth/enable", json!({}))?;
-        self.token = Some(self.authenticate("root", ROOT_PASSWORD)?);
-        Ok(())
-    }
-
-    /// Every key under `prefix`, as root.
-    fn keys(&mut self, prefix: &str) -> Result<Vec<String>> {
-        let end = format!("{}0", prefix.trim_end_matches('/'));
-        let value = self.call(
-            "/v3/kv/range",
-            json!({"key": B64.encode(prefix), "range_end": B64.encode(end), "keys_only": true}),
-        )?;
-        let kvs = value["kvs"].as_array().cloned().unwrap_or_default();
-        kvs.iter()
-            .map(|kv| {
-                let key = B64.decode(kv["key"].as_str().unwrap_or_default())?;
-                Ok(String::from_utf8(key)?)
-            })
-            .collect()
-    }
 }
 
 fn granted(outcome: AcquireOutcome) -> Result<fencecheck_authority::Grant> {

@@ -1,7 +1,7 @@
-//! `fencecheck authority …`: the SQLite or PostgreSQL lease coordinator from
-//! the shell.
+//! `fencecheck authority …`: the SQLite, PostgreSQL or etcd lease coordinator
+//! from the shell.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 
@@ -9,12 +9,13 @@ use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use fencecheck::{Runtime, TokenText};
 use fencecheck_authority::{
-    AcquireOutcome, Coordinator, MigrationStep, PostgresCoordinator, ReleaseOutcome, RenewOutcome,
-    SqliteCoordinator, StoreUrl, SystemClock,
+    AcquireOutcome, Coordinator, EtcdAccess, EtcdCoordinator, EtcdCredentials, EtcdOptions,
+    EtcdTls, MigrationStep, PostgresCoordinator, ReleaseOutcome, RenewOutcome, SqliteCoordinator,
+    StoreUrl, SystemClock,
 };
 
-/// Where the coordinator keeps its leases: exactly one of `--db` (SQLite)
-/// and `--postgres`.
+/// Where the coordinator keeps its leases: exactly one of `--db` (SQLite),
+/// `--postgres` and `--etcd`.
 #[derive(Args)]
 #[group(required = true, multiple = false)]
 pub struct Store {
@@ -25,6 +26,93 @@ pub struct Store {
     /// (`host=… user=… dbname=…` or `postgresql://…`); tables created if missing.
     #[arg(long)]
     postgres: Option<String>,
+    /// etcd cluster: its members' client URLs, comma-separated
+    /// (`http://…`, or `https://…` with `--etcd-cacert`).
+    #[arg(long)]
+    etcd: Option<String>,
+}
+
+/// The environment variable that may hold the etcd password (never a flag:
+/// command lines are visible to every user of the machine).
+const PASSWORD_ENV: &str = "FENCECHECK_ETCD_PASSWORD";
+
+/// How to reach a secured etcd cluster (`--etcd`, and `migrate`'s `etcd:`
+/// stores).
+#[derive(Args)]
+pub struct EtcdFlags {
+    /// PEM file of the CA that signed the etcd members' certificates
+    /// (required for https:// endpoints; the system's roots are not used).
+    #[arg(long, value_name = "PEM")]
+    etcd_cacert: Option<PathBuf>,
+    /// PEM file of the client certificate to present to etcd (members
+    /// started with --client-cert-auth). With etcd authentication on it
+    /// must have no CommonName: etcd's JSON gateway refuses one.
+    #[arg(long, value_name = "PEM", requires = "etcd_key")]
+    etcd_cert: Option<PathBuf>,
+    /// PEM file of the client certificate's private key.
+    #[arg(long, value_name = "PEM", requires = "etcd_cert")]
+    etcd_key: Option<PathBuf>,
+    /// etcd user to authenticate as; its role must grant readwrite on the
+    /// key prefix. The password comes from --etcd-password-file or the
+    /// FENCECHECK_ETCD_PASSWORD environment variable.
+    #[arg(long, value_name = "NAME")]
+    etcd_user: Option<String>,
+    /// File holding the etcd user's password (one line).
+    #[arg(long, value_name = "FILE", requires = "etcd_user")]
+    etcd_password_file: Option<PathBuf>,
+    /// Prefix of every etcd key the coordinator uses.
+    #[arg(long, value_name = "PREFIX", default_value = "fencecheck/")]
+    etcd_prefix: String,
+}
+
+impl EtcdFlags {
+    /// The TLS settings and credentials the flags name, files read.
+    fn access(&self) -> Result<EtcdAccess> {
+        let tls = match (&self.etcd_cacert, &self.etcd_cert) {
+            (Some(ca), cert) => Some(EtcdTls::from_files(
+                ca,
+                cert.as_deref(),
+                self.etcd_key.as_deref(),
+            )?),
+            (None, Some(_)) => anyhow::bail!("--etcd-cert needs --etcd-cacert"),
+            (None, None) => None,
+        };
+        let env = std::env::var_os(PASSWORD_ENV);
+        let credentials = match (&self.etcd_user, &self.etcd_password_file) {
+            (Some(user), Some(file)) => Some(EtcdCredentials {
+                user: user.clone(),
+                password: password_file(file)?,
+            }),
+            (Some(user), None) => {
+                let password = env
+                    .context(format!(
+                        "--etcd-user needs --etcd-password-file or {PASSWORD_ENV}"
+                    ))?
+                    .into_string()
+                    .map_err(|_| anyhow::anyhow!("{PASSWORD_ENV} is not UTF-8"))?;
+                anyhow::ensure!(!password.is_empty(), "{PASSWORD_ENV} is empty");
+                Some(EtcdCredentials {
+                    user: user.clone(),
+                    password,
+                })
+            }
+            (None, _) => None,
+        };
+        Ok(EtcdAccess { tls, credentials })
+    }
+}
+
+/// The password in `path`: its first line, without the line break.
+fn password_file(path: &Path) -> Result<String> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading the etcd password file {}", path.display()))?;
+    let password = text.lines().next().unwrap_or_default();
+    anyhow::ensure!(
+        !password.is_empty(),
+        "the etcd password file {} is empty",
+        path.display()
+    );
+    Ok(password.to_owned())
 }
 
 /// Lease-coordinator commands; every one is one transaction on the store.
@@ -34,6 +122,8 @@ pub enum Authority {
     Acquire {
         #[command(flatten)]
         store: Store,
+        #[command(flatten)]
+        etcd: Box<EtcdFlags>,
         /// The lock (also the fencing scope).
         lock: String,
         /// This acquisition's unique id.
@@ -45,6 +135,8 @@ pub enum Authority {
     Renew {
         #[command(flatten)]
         store: Store,
+        #[command(flatten)]
+        etcd: Box<EtcdFlags>,
         /// The lock.
         lock: String,
         /// The lease id.
@@ -58,6 +150,8 @@ pub enum Authority {
     Release {
         #[command(flatten)]
         store: Store,
+        #[command(flatten)]
+        etcd: Box<EtcdFlags>,
         /// The lock.
         lock: String,
         /// The lease id.
@@ -72,6 +166,8 @@ pub enum Authority {
     Restore {
         #[command(flatten)]
         store: Store,
+        #[command(flatten)]
+        etcd: Box<EtcdFlags>,
         /// The lowest acceptable new epoch.
         #[arg(long)]
         at_least: Option<u64>,
@@ -82,7 +178,8 @@ pub enum Authority {
     /// `--at-least` (default: the Unix time in milliseconds), and seal the
     /// source so that it grants nothing more. Refuses a target that holds
     /// another lineage or live state; safe to re-run after a crash. Stores:
-    /// `sqlite:PATH`, `etcd:http://HOST:PORT[,…]`, `postgres://…`.
+    /// `sqlite:PATH`, `etcd:http[s]://HOST:PORT[,…]` (reached with the
+    /// `--etcd-…` flags), `postgres://…`.
     Migrate {
         /// The store the coordinators use now.
         #[arg(long)]
@@ -93,6 +190,8 @@ pub enum Authority {
         /// The lowest acceptable new epoch.
         #[arg(long)]
         at_least: Option<u64>,
+        #[command(flatten)]
+        etcd: Box<EtcdFlags>,
         /// Fault injection for the tests: after this step (`sealed`,
         /// `importing`) print it and wait for a line on stdin.
         #[arg(long, hide = true)]
@@ -109,18 +208,31 @@ fn now_ms() -> u64 {
 
 const BUSY: u8 = 3;
 
-fn open(runtime: &Runtime, store: &Store) -> Result<Box<dyn Coordinator>> {
+fn open(runtime: &Runtime, store: &Store, etcd: &EtcdFlags) -> Result<Box<dyn Coordinator>> {
     let clock = Arc::new(SystemClock);
-    match (&store.db, &store.postgres) {
-        (Some(db), _) => Ok(Box::new(
+    match (&store.db, &store.postgres, &store.etcd) {
+        (Some(db), _, _) => Ok(Box::new(
             SqliteCoordinator::open(db, runtime.clone(), clock)
                 .with_context(|| format!("opening the coordinator at {}", db.display()))?,
         )),
-        (None, Some(url)) => Ok(Box::new(
+        (None, Some(url), _) => Ok(Box::new(
             PostgresCoordinator::open(url, runtime.clone(), clock)
                 .context("opening the PostgreSQL coordinator")?,
         )),
-        (None, None) => anyhow::bail!("give --db or --postgres"),
+        (None, None, Some(endpoints)) => {
+            let access = etcd.access()?;
+            let options = EtcdOptions {
+                prefix: etcd.etcd_prefix.clone(),
+                tls: access.tls,
+                credentials: access.credentials,
+                ..EtcdOptions::new(endpoints.split(','))
+            };
+            Ok(Box::new(
+                EtcdCoordinator::with_options(options, runtime.clone(), clock)
+                    .with_context(|| format!("connecting to etcd at {endpoints}"))?,
+            ))
+        }
+        (None, None, None) => anyhow::bail!("give --db, --postgres or --etcd"),
     }
 }
 
@@ -129,10 +241,11 @@ pub fn run(runtime: &Runtime, command: Authority) -> Result<ExitCode> {
     match command {
         Authority::Acquire {
             store,
+            etcd,
             lock,
             lease_id,
             ttl_ms,
-        } => match open(runtime, &store)?.acquire(&lock, &lease_id, ttl_ms)? {
+        } => match open(runtime, &store, &etcd)?.acquire(&lock, &lease_id, ttl_ms)? {
             AcquireOutcome::Acquired(grant) => {
                 println!(
                     "acquired {} lease {} token {} expires-at {}",
@@ -150,11 +263,12 @@ pub fn run(runtime: &Runtime, command: Authority) -> Result<ExitCode> {
         },
         Authority::Renew {
             store,
+            etcd,
             lock,
             lease_id,
             token,
             ttl_ms,
-        } => match open(runtime, &store)?.renew(&lock, &lease_id, token.0, ttl_ms)? {
+        } => match open(runtime, &store, &etcd)?.renew(&lock, &lease_id, token.0, ttl_ms)? {
             RenewOutcome::Renewed { expires_at } => {
                 println!("renewed expires-at {expires_at}");
                 Ok(ExitCode::SUCCESS)
@@ -166,10 +280,11 @@ pub fn run(runtime: &Runtime, command: Authority) -> Result<ExitCode> {
         },
         Authority::Release {
             store,
+            etcd,
             lock,
             lease_id,
             token,
-        } => match open(runtime, &store)?.release(&lock, &lease_id, token.0)? {
+        } => match open(runtime, &store, &etcd)?.release(&lock, &lease_id, token.0)? {
             ReleaseOutcome::Released => {
                 println!("released");
                 Ok(ExitCode::SUCCESS)
@@ -179,8 +294,12 @@ pub fn run(runtime: &Runtime, command: Authority) -> Result<ExitCode> {
                 Ok(ExitCode::from(BUSY))
             }
         },
-        Authority::Restore { store, at_least } => {
-            let floor = open(runtime, &store)?.restore(at_least.unwrap_or_else(now_ms))?;
+        Authority::Restore {
+            store,
+            etcd,
+            at_least,
+        } => {
+            let floor = open(runtime, &store, &etcd)?.restore(at_least.unwrap_or_else(now_ms))?;
             println!("restored epoch-floor {floor}");
             Ok(ExitCode::SUCCESS)
         }
@@ -188,6 +307,7 @@ pub fn run(runtime: &Runtime, command: Authority) -> Result<ExitCode> {
             from,
             to,
             at_least,
+            etcd,
             pause_after,
         } => {
             let mut step = |step: MigrationStep| {
@@ -203,12 +323,18 @@ pub fn run(runtime: &Runtime, command: Authority) -> Result<ExitCode> {
                     let _ = std::io::stdin().read_line(&mut line);
                 }
             };
-            let migrated = fencecheck_authority::migrate_with(
+            anyhow::ensure!(
+                etcd.etcd_prefix == "fencecheck/",
+                "migrate reaches etcd stores under the default prefix fencecheck/ only"
+            );
+            let etcd = etcd.access()?;
+            let migrated = fencecheck_authority::migrate_with_etcd(
                 runtime,
                 &from,
                 &to,
                 at_least.unwrap_or_else(now_ms),
                 &mut step,
+                &etcd,
             )
             .with_context(|| format!("migrating {from} to {to}"))?;
             println!(
