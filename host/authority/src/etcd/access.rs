@@ -317,3 +317,47 @@ fn explain(e: &rustls::Error) -> String {
     };
     format!("{e}{hint}")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn io(e: rustls::Error) -> ureq::Error {
+        ureq::Error::Io(std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+    }
+
+    #[test]
+    fn only_handshake_errors_count_as_refusals() {
+        let refused = handshake_failure(&io(rustls::Error::AlertReceived(
+            AlertDescription::BadCertificate,
+        )));
+        assert!(refused.is_some_and(|r| r.contains("refused the client certificate")));
+        let untrusted = handshake_failure(&io(rustls::Error::InvalidCertificate(
+            CertificateError::UnknownIssuer,
+        )));
+        assert!(untrusted.is_some_and(|r| r.contains("not signed by the CA given")));
+        // A damaged record may come after the member executed the request.
+        assert!(handshake_failure(&io(rustls::Error::DecryptError)).is_none());
+        let reset = ureq::Error::Io(std::io::ErrorKind::ConnectionReset.into());
+        assert!(handshake_failure(&reset).is_none());
+        assert!(broken_connection(&reset));
+        let refused_tcp = ureq::Error::Io(std::io::ErrorKind::ConnectionRefused.into());
+        assert!(!broken_connection(&refused_tcp));
+    }
+
+    #[test]
+    fn a_client_key_needs_its_certificate() {
+        let tls = EtcdTls {
+            ca_pem: Vec::new(),
+            cert_pem: None,
+            key_pem: Some(b"x".to_vec()),
+        };
+        assert!(matches!(tls.config(), Err(AuthorityError::Tls(_))));
+        assert!(!format!("{tls:?}").contains('x'), "the key is never shown");
+        let credentials = EtcdCredentials {
+            user: "fencer".into(),
+            password: "s3cret".into(),
+        };
+        assert!(!format!("{credentials:?}").contains("s3cret"));
+    }
+}

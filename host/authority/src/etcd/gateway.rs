@@ -1,6 +1,7 @@
-//! Transport to etcd's v3 JSON gateway: blocking HTTP to a list of members,
-//! failing over between them, and the gateway's proto3-JSON shapes. Knows
-//! nothing of locks or leases: `super` builds the requests.
+//! Transport to etcd's v3 JSON gateway: blocking HTTP or HTTPS to a list of
+//! members, failing over between them, etcd authentication tokens, and the
+//! gateway's proto3-JSON shapes. Knows nothing of locks or leases: `super`
+//! builds the requests.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};

@@ -1,5 +1,7 @@
 //! The etcd coordinator: lease states in etcd v3 keys, one compare-and-swap
-//! transaction per decision, through etcd's v3 JSON gateway (HTTP).
+//! transaction per decision, through etcd's v3 JSON gateway (HTTP, or
+//! HTTPS with the operator's CA and a client certificate, as an etcd user
+//! when authentication is on: `access`).
 //!
 //! Keys, under a prefix (default `fencecheck/`):
 //! - `<prefix>lock/<lock>`: the component's lease state bytes for `<lock>`;
