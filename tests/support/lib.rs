@@ -33,3 +33,24 @@ pub fn vector_files() -> Result<Vec<PathBuf>> {
     files.sort();
     Ok(files)
 }
+
+/// `[workspace.package] version` from the root Cargo.toml, the version every
+/// artifact carries (scripts/version reads the same line).
+pub fn workspace_version() -> Result<String> {
+    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../Cargo.toml");
+    let text = std::fs::read_to_string(&manifest).context("reading the root Cargo.toml")?;
+    let mut in_section = false;
+    for line in text.lines() {
+        let line = line.trim();
+        if line.starts_with('[') {
+            in_section = line == "[workspace.package]";
+        } else if in_section && let Some(value) = line.strip_prefix("version") {
+            let value = value.trim_start().trim_start_matches('=').trim();
+            return Ok(value.trim_matches('"').to_string());
+        }
+    }
+    anyhow::bail!(
+        "no version in [workspace.package] of {}",
+        manifest.display()
+    )
+}
