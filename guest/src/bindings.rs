@@ -268,3 +268,96 @@ mod lease_exports {
         }
     }
 }
+
+mod auth_exports {
+    use super::exports::fencecheck::fence::auth as wit;
+    use super::{Component, decision_out, error_out, request_in, token_in};
+    use crate::auth::{
+        AuthFailure, GrantKey, GrantSignature, KeyProblem, SignError, SignedCheckError,
+    };
+
+    impl wit::Guest for Component {
+        fn check_signed(
+            state: Option<Vec<u8>>,
+            request: wit::Request,
+            signature: Option<wit::GrantSignature>,
+            keys: Vec<wit::GrantKey>,
+        ) -> Result<wit::Decision, wit::SignedCheckError> {
+            let keys: Vec<GrantKey> = keys.into_iter().map(key_in).collect();
+            let signature = signature.map(|s| GrantSignature {
+                key_id: s.key_id,
+                lease_id: s.lease_id,
+                tag: s.tag,
+            });
+            crate::check_signed(
+                state.as_deref(),
+                &request_in(request),
+                signature.as_ref(),
+                &keys,
+            )
+            .map(decision_out)
+            .map_err(|e| match e {
+                SignedCheckError::Check(e) => wit::SignedCheckError::Check(error_out(e)),
+                SignedCheckError::InvalidKeys(p) => {
+                    wit::SignedCheckError::InvalidKeys(problem_out(p))
+                }
+                SignedCheckError::Unauthenticated(a) => {
+                    wit::SignedCheckError::Unauthenticated(match a {
+                        AuthFailure::Unsigned => wit::AuthFailure::Unsigned,
+                        AuthFailure::UnknownKey => wit::AuthFailure::UnknownKey,
+                        AuthFailure::MalformedSignature => wit::AuthFailure::MalformedSignature,
+                        AuthFailure::BadSignature => wit::AuthFailure::BadSignature,
+                    })
+                }
+            })
+        }
+
+        fn sign(
+            scope: String,
+            token: wit::Token,
+            lease_id: String,
+            key: wit::GrantKey,
+        ) -> Result<wit::GrantSignature, wit::SignError> {
+            crate::sign(&scope, token_in(token), &lease_id, &key_in(key))
+                .map(|s| wit::GrantSignature {
+                    key_id: s.key_id,
+                    lease_id: s.lease_id,
+                    tag: s.tag,
+                })
+                .map_err(|e| match e {
+                    SignError::EmptyScope => wit::SignError::EmptyScope,
+                    SignError::ScopeTooLong => wit::SignError::ScopeTooLong,
+                    SignError::MissingToken => wit::SignError::MissingToken,
+                    SignError::EmptyLeaseId => wit::SignError::EmptyLeaseId,
+                    SignError::LeaseIdTooLong => wit::SignError::LeaseIdTooLong,
+                    SignError::InvalidKey(p) => wit::SignError::InvalidKey(problem_out(p)),
+                })
+        }
+
+        fn grant_message(
+            scope: String,
+            token: wit::Token,
+            key_id: u32,
+            lease_id: String,
+        ) -> Vec<u8> {
+            crate::grant_message(&scope, token_in(token), key_id, &lease_id)
+        }
+    }
+
+    fn key_in(k: wit::GrantKey) -> GrantKey {
+        GrantKey {
+            key_id: k.key_id,
+            secret: k.secret,
+        }
+    }
+
+    fn problem_out(p: KeyProblem) -> wit::KeyProblem {
+        match p {
+            KeyProblem::NoKeys => wit::KeyProblem::NoKeys,
+            KeyProblem::TooManyKeys => wit::KeyProblem::TooManyKeys,
+            KeyProblem::ShortSecret => wit::KeyProblem::ShortSecret,
+            KeyProblem::LongSecret => wit::KeyProblem::LongSecret,
+            KeyProblem::DuplicateKeyId => wit::KeyProblem::DuplicateKeyId,
+        }
+    }
+}

@@ -158,7 +158,7 @@ pub(crate) fn decide<'s>(
     })
 }
 
-fn validate(request: &RequestRef<'_>) -> Result<(), InvalidReason> {
+pub(crate) fn validate(request: &RequestRef<'_>) -> Result<(), InvalidReason> {
     if request.token.is_missing() {
         return Err(InvalidReason::MissingToken);
     }

@@ -12,6 +12,8 @@
 //! - `check`: the fence check's decision rules (docs/design.md §3), in order.
 //! - `lease`: the lease authority's grant rules and the lease state encoding.
 //! - `frame`: the checksummed frame both encodings share.
+//! - `auth`: signed tokens: the grant message, HMAC-SHA256 signing and
+//!   verification (rule 1b), `check-signed`.
 //! - `packed`: `check-packed`, many checks over one byte buffer each way.
 //! - `crc`: CRC-32C, hand-written to keep the component small.
 //! - `bindings` (wasm only): the wit-bindgen exports, a thin conversion layer.
@@ -43,6 +45,7 @@
 #[cfg(target_arch = "wasm32")]
 #[allow(unsafe_code)]
 mod bindings;
+mod auth;
 mod check;
 mod crc;
 mod frame;
@@ -51,6 +54,11 @@ mod packed;
 mod state;
 mod types;
 
+pub use auth::{
+    AuthFailure, GrantKey, GrantSignature, KeyProblem, MAX_KEYS, MAX_SECRET_BYTES,
+    MAX_SIGNED_LEASE_ID_BYTES, MIN_SECRET_BYTES, SignError, SignedCheckError, TAG_BYTES,
+    check_signed, grant_message, sign,
+};
 pub use check::check;
 pub use frame::FORMAT_VERSION;
 pub use lease::{

@@ -3,6 +3,7 @@
 //! borrowed from the input and new states are written straight into the
 //! output, so a batch costs no allocation per item.
 
+use crate::auth::{AuthFailure, KeyProblem, KeyRef, SignatureRef, SignedCheckError, authenticate};
 use crate::check::{RequestRef, Verdict, decide};
 use crate::frame::Reader;
 use crate::types::{CheckError, Corruption, Decision, InvalidReason, Policy, Token};
@@ -18,7 +19,10 @@ const HAS_STATE: u8 = 1;
 const HAS_OP_ID: u8 = 1 << 1;
 const HAS_EXPECTED: u8 = 1 << 2;
 const ALLOW_EQUAL: u8 = 1 << 3;
-const KNOWN_FLAGS: u8 = HAS_STATE | HAS_OP_ID | HAS_EXPECTED | ALLOW_EQUAL;
+const HAS_KEYS: u8 = 1 << 4;
+const HAS_SIGNATURE: u8 = 1 << 5;
+const KNOWN_FLAGS: u8 =
+    HAS_STATE | HAS_OP_ID | HAS_EXPECTED | ALLOW_EQUAL | HAS_KEYS | HAS_SIGNATURE;
 
 /// Output tags, as documented on `check-packed`.
 mod tag {
@@ -32,6 +36,21 @@ mod tag {
     pub const SCOPE_MISMATCH: u8 = 131;
     pub const FOREIGN_AUTHORITY: u8 = 132;
     pub const EXHAUSTED: u8 = 133;
+    pub const UNAUTHENTICATED: u8 = 134;
+    pub const INVALID_KEYS: u8 = 135;
+}
+
+/// What authentication (rule 1b) decided for one item, at parse time: a
+/// byte or two per item, so unsigned batches carry no key or signature.
+#[derive(Clone, Copy, Debug)]
+enum Gate {
+    /// Not opted in, authenticated, or an invalid request (which `decide`
+    /// reports itself, as rule 1 comes before rule 1b).
+    Open,
+    /// Refused: the key set is unusable.
+    InvalidKeys(KeyProblem),
+    /// Refused: not authenticated.
+    Unauthenticated(AuthFailure),
 }
 
 /// Decide every item of a packed batch. The whole input is parsed before
@@ -42,13 +61,23 @@ pub fn check_packed(input: &[u8]) -> Result<Vec<u8>, BatchError> {
     // input's size: reserve once.
     let mut out = Vec::with_capacity(input.len().saturating_add(items.len().saturating_mul(48)));
     out.extend_from_slice(&(items.len() as u32).to_le_bytes());
-    for (state, request) in items {
-        write_result(&mut out, decide(state, request));
+    for (state, request, gate) in items {
+        match gate {
+            Gate::Open => write_result(&mut out, decide(state, request)),
+            Gate::InvalidKeys(problem) => {
+                out.push(tag::INVALID_KEYS);
+                out.push(problem as u8);
+            }
+            Gate::Unauthenticated(failure) => {
+                out.push(tag::UNAUTHENTICATED);
+                out.push(failure as u8);
+            }
+        }
     }
     Ok(out)
 }
 
-type Item<'a> = (Option<&'a [u8]>, RequestRef<'a>);
+type Item<'a> = (Option<&'a [u8]>, RequestRef<'a>, Gate);
 
 fn parse(input: &[u8]) -> Result<Vec<Item<'_>>, BatchError> {
     let malformed = |_| BatchError::Malformed;
@@ -90,19 +119,60 @@ fn parse(input: &[u8]) -> Result<Vec<Item<'_>>, BatchError> {
         } else {
             Policy::Strict
         };
-        items.push((
-            state,
-            RequestRef {
-                scope,
-                token,
-                policy,
-                op_id,
-                expected_version,
-            },
-        ));
+        let request = RequestRef {
+            scope,
+            token,
+            policy,
+            op_id,
+            expected_version,
+        };
+        let gate = match (flags & HAS_KEYS != 0, flags & HAS_SIGNATURE != 0) {
+            (false, false) => Gate::Open,
+            // A signature is only ever checked against keys: without them
+            // the item would mean two things, so the batch is refused.
+            (false, true) => return Err(BatchError::Malformed),
+            (true, signed) => {
+                let keys = keys(&mut r)?;
+                let signature = if signed { Some(signature(&mut r)?) } else { None };
+                match authenticate(&request, signature, &keys) {
+                    Ok(()) | Err(SignedCheckError::Check(_)) => Gate::Open,
+                    Err(SignedCheckError::InvalidKeys(p)) => Gate::InvalidKeys(p),
+                    Err(SignedCheckError::Unauthenticated(a)) => Gate::Unauthenticated(a),
+                }
+            }
+        };
+        items.push((state, request, gate));
     }
     r.end().map_err(malformed)?;
     Ok(items)
+}
+
+/// `count u8 | count × (key-id u32 | secret-len u8 | secret)`.
+fn keys<'a>(r: &mut Reader<'a>) -> Result<Vec<KeyRef<'a>>, BatchError> {
+    let malformed = |_| BatchError::Malformed;
+    let count = r.take(1).map_err(malformed)?.first().copied().unwrap_or(0);
+    let mut keys = Vec::with_capacity(usize::from(count));
+    for _ in 0..count {
+        let id = r.u32().map_err(malformed)?;
+        let len = r.take(1).map_err(malformed)?.first().copied().unwrap_or(0);
+        let secret = r.take(usize::from(len)).map_err(malformed)?;
+        keys.push(KeyRef { id, secret });
+    }
+    Ok(keys)
+}
+
+/// `key-id u32 | lease-len u32 | lease-id (UTF-8) | tag-len u8 | tag`.
+fn signature<'a>(r: &mut Reader<'a>) -> Result<SignatureRef<'a>, BatchError> {
+    let malformed = |_| BatchError::Malformed;
+    let key_id = r.u32().map_err(malformed)?;
+    let lease_id = text(r)?;
+    let len = r.take(1).map_err(malformed)?.first().copied().unwrap_or(0);
+    let tag = r.take(usize::from(len)).map_err(malformed)?;
+    Ok(SignatureRef {
+        key_id,
+        lease_id,
+        tag,
+    })
 }
 
 fn bytes<'a>(r: &mut Reader<'a>) -> Result<&'a [u8], BatchError> {
@@ -262,7 +332,9 @@ mod tests {
             vec![],
             good[..good.len() - 1].to_vec(),
             trailing,
-            batch(&[item(1 << 4, b"s", &[])]),
+            batch(&[item(1 << 6, b"s", &[])]),
+            batch(&[item(HAS_SIGNATURE, b"s", &[0; 9])]),
+            batch(&[item(HAS_KEYS, b"s", &[1, 0, 0, 0, 0, 16])]),
             batch(&[item(0, &[0xff, 0xfe], &[])]),
             batch(&[item(HAS_STATE, b"s", &[9, 0, 0, 0, 1])]),
             {
@@ -274,6 +346,42 @@ mod tests {
         for (i, case) in cases.iter().enumerate() {
             assert_eq!(check_packed(case), Err(BatchError::Malformed), "case {i}");
         }
+    }
+
+    /// Signed items: keys (bit 4) and a signature (bit 5) decide exactly as
+    /// `check-signed`; keys without a signature are `unsigned`.
+    #[test]
+    fn signed_items() {
+        use crate::auth::{GrantKey, sign};
+        let key = GrantKey {
+            key_id: 3,
+            secret: vec![7; 32],
+        };
+        let sig = sign("s", Token::new(0, 0, 7), "lease", &key).unwrap_or_else(|e| panic!("{e}"));
+        let mut keys = vec![1u8];
+        keys.extend_from_slice(&3u32.to_le_bytes());
+        keys.push(32);
+        keys.extend_from_slice(&key.secret);
+        let mut signature = 3u32.to_le_bytes().to_vec();
+        signature.extend_from_slice(&5u32.to_le_bytes());
+        signature.extend_from_slice(b"lease");
+        signature.push(32);
+        let mut good = keys.clone();
+        good.extend_from_slice(&signature);
+        good.extend_from_slice(&sig.tag);
+        let mut forged = keys.clone();
+        forged.extend_from_slice(&signature);
+        forged.extend_from_slice(&[0; 32]);
+        let out = check_packed(&batch(&[
+            item(HAS_KEYS | HAS_SIGNATURE, b"s", &good),
+            item(HAS_KEYS | HAS_SIGNATURE, b"s", &forged),
+            item(HAS_KEYS, b"s", &keys),
+            item(HAS_KEYS, b"s", &[0]),
+        ]));
+        let out = out.unwrap_or_else(|e| panic!("{e:?}"));
+        assert_eq!(out[4], tag::APPLIED);
+        let rest = &out[4 + 37 + usize::from(out[37]) + usize::from(out[38]) * 256..];
+        assert_eq!(rest, &[134, 3, 134, 0, 135, 0]);
     }
 
     /// An empty batch is valid and answers zero outcomes.

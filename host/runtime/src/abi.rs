@@ -2,8 +2,9 @@
 //! and their conversions to and from the crate's types, in one place.
 
 use crate::{
-    CheckError, Decision, LeaseError, LeaseInvalidReason, Outcome, Policy, Request, StateInfo,
-    Token,
+    AuthFailure, CheckError, Decision, GrantKey, GrantSignature, KeyProblem, LeaseError,
+    LeaseInvalidReason, Outcome, Policy, Request, SignError, SignedCheckError, SignedOutcome,
+    StateInfo, Token,
 };
 
 pub(crate) mod wit {
@@ -16,8 +17,70 @@ pub(crate) mod wit {
     });
 }
 
+pub(crate) use wit::exports::fencecheck::fence::auth as auth_abi;
 pub(crate) use wit::exports::fencecheck::fence::check as check_abi;
 pub(crate) use wit::exports::fencecheck::fence::lease as lease_abi;
+
+/// The component's interfaces, found once per runtime. `auth` is optional:
+/// components before 0.1.1 do not export it, and they still serve every
+/// other call (the rolling-upgrade tests run the released 0.1.0 this way).
+#[derive(Clone)]
+pub(crate) struct Indices {
+    check: check_abi::GuestIndices,
+    lease: lease_abi::GuestIndices,
+    auth: Option<auth_abi::GuestIndices>,
+}
+
+impl Indices {
+    pub(crate) fn new<T>(pre: &wasmtime::component::InstancePre<T>) -> wasmtime::Result<Self> {
+        Ok(Self {
+            check: check_abi::GuestIndices::new(pre)?,
+            lease: lease_abi::GuestIndices::new(pre)?,
+            auth: auth_abi::GuestIndices::new(pre).ok(),
+        })
+    }
+
+    pub(crate) fn has_auth(&self) -> bool {
+        self.auth.is_some()
+    }
+
+    pub(crate) fn load(
+        &self,
+        mut store: impl wasmtime::AsContextMut,
+        instance: &wasmtime::component::Instance,
+    ) -> wasmtime::Result<Bindings> {
+        Ok(Bindings {
+            check: self.check.load(&mut store, instance)?,
+            lease: self.lease.load(&mut store, instance)?,
+            auth: match &self.auth {
+                Some(auth) => Some(auth.load(&mut store, instance)?),
+                None => None,
+            },
+        })
+    }
+}
+
+/// One instantiation's exports.
+pub(crate) struct Bindings {
+    check: check_abi::Guest,
+    lease: lease_abi::Guest,
+    auth: Option<auth_abi::Guest>,
+}
+
+impl Bindings {
+    pub(crate) fn fencecheck_fence_check(&self) -> &check_abi::Guest {
+        &self.check
+    }
+
+    pub(crate) fn fencecheck_fence_lease(&self) -> &lease_abi::Guest {
+        &self.lease
+    }
+
+    /// `None` for a component before 0.1.1 (callers check first).
+    pub(crate) fn fencecheck_fence_auth(&self) -> Option<&auth_abi::Guest> {
+        self.auth.as_ref()
+    }
+}
 use wit::exports::fencecheck::fence::types::Token as AbiToken;
 
 use check_abi as abi;
@@ -145,5 +208,70 @@ pub(crate) fn info_in(i: abi::StateInfo) -> StateInfo {
                 version: e.version,
             })
             .collect(),
+    }
+}
+
+pub(crate) fn key_out(k: &GrantKey) -> auth_abi::GrantKey<'_> {
+    auth_abi::GrantKey {
+        key_id: k.key_id,
+        secret: &k.secret,
+    }
+}
+
+pub(crate) fn signature_out(s: &GrantSignature) -> auth_abi::GrantSignatureParam<'_> {
+    auth_abi::GrantSignatureParam {
+        key_id: s.key_id,
+        lease_id: &s.lease_id,
+        tag: &s.tag,
+    }
+}
+
+fn problem_in(p: auth_abi::KeyProblem) -> KeyProblem {
+    match p {
+        auth_abi::KeyProblem::NoKeys => KeyProblem::NoKeys,
+        auth_abi::KeyProblem::TooManyKeys => KeyProblem::TooManyKeys,
+        auth_abi::KeyProblem::ShortSecret => KeyProblem::ShortSecret,
+        auth_abi::KeyProblem::LongSecret => KeyProblem::LongSecret,
+        auth_abi::KeyProblem::DuplicateKeyId => KeyProblem::DuplicateKeyId,
+    }
+}
+
+pub(crate) fn signed_outcome_in(
+    r: Result<abi::Decision, auth_abi::SignedCheckError>,
+) -> SignedOutcome {
+    match r {
+        Ok(d) => outcome_in(Ok(d)).map_err(SignedCheckError::Check),
+        Err(auth_abi::SignedCheckError::Check(e)) => Err(SignedCheckError::Check(error_in(e))),
+        Err(auth_abi::SignedCheckError::InvalidKeys(p)) => {
+            Err(SignedCheckError::InvalidKeys(problem_in(p)))
+        }
+        Err(auth_abi::SignedCheckError::Unauthenticated(a)) => {
+            Err(SignedCheckError::Unauthenticated(match a {
+                auth_abi::AuthFailure::Unsigned => AuthFailure::Unsigned,
+                auth_abi::AuthFailure::UnknownKey => AuthFailure::UnknownKey,
+                auth_abi::AuthFailure::MalformedSignature => AuthFailure::MalformedSignature,
+                auth_abi::AuthFailure::BadSignature => AuthFailure::BadSignature,
+            }))
+        }
+    }
+}
+
+pub(crate) fn sign_in(
+    r: Result<auth_abi::GrantSignatureResult, auth_abi::SignError>,
+) -> Result<GrantSignature, SignError> {
+    match r {
+        Ok(s) => Ok(GrantSignature {
+            key_id: s.key_id,
+            lease_id: s.lease_id,
+            tag: s.tag,
+        }),
+        Err(e) => Err(match e {
+            auth_abi::SignError::EmptyScope => SignError::EmptyScope,
+            auth_abi::SignError::ScopeTooLong => SignError::ScopeTooLong,
+            auth_abi::SignError::MissingToken => SignError::MissingToken,
+            auth_abi::SignError::EmptyLeaseId => SignError::EmptyLeaseId,
+            auth_abi::SignError::LeaseIdTooLong => SignError::LeaseIdTooLong,
+            auth_abi::SignError::InvalidKey(p) => SignError::InvalidKey(problem_in(p)),
+        }),
     }
 }

@@ -2,8 +2,9 @@
 //! [`Native`] reference: the guest's source compiled into this process.
 
 use crate::{
-    Acquire, AcquireRequest, CheckError, Error, LeaseError, LeaseInfo, Outcome, Release,
-    ReleaseRequest, Renew, RenewRequest, Request, StateInfo,
+    Acquire, AcquireRequest, CheckError, Error, GrantKey, GrantSignature, LeaseError, LeaseInfo,
+    Outcome, Release, ReleaseRequest, Renew, RenewRequest, Request, SignError, SignedOutcome,
+    StateInfo, Token,
 };
 
 /// Anything that can make the fence decision: the wasm [`Instance`] or the
@@ -19,6 +20,26 @@ pub trait Checker {
 
     /// Decode a stored state.
     fn inspect(&mut self, state: &[u8]) -> Result<Result<StateInfo, CheckError>, Error>;
+
+    /// Decide one request on a scope that requires signed tokens: the
+    /// signature is verified against `keys` before the state is read
+    /// (`wit/fence.wit`, interface `auth`).
+    fn check_signed(
+        &mut self,
+        state: Option<&[u8]>,
+        request: &Request,
+        signature: Option<&GrantSignature>,
+        keys: &[GrantKey],
+    ) -> Result<SignedOutcome, Error>;
+
+    /// Sign the grant of `token` to `lease_id` for `scope` (the lock's name).
+    fn sign(
+        &mut self,
+        scope: &str,
+        token: Token,
+        lease_id: &str,
+        key: &GrantKey,
+    ) -> Result<Result<GrantSignature, SignError>, Error>;
 
     /// Lease authority: acquire a lock (see `wit/fence.wit`, interface `lease`).
     fn acquire(
@@ -75,6 +96,28 @@ impl Checker for Native {
 
     fn inspect(&mut self, state: &[u8]) -> Result<Result<StateInfo, CheckError>, Error> {
         Ok(fencecheck_guest::inspect(state))
+    }
+
+    fn check_signed(
+        &mut self,
+        state: Option<&[u8]>,
+        request: &Request,
+        signature: Option<&GrantSignature>,
+        keys: &[GrantKey],
+    ) -> Result<SignedOutcome, Error> {
+        Ok(fencecheck_guest::check_signed(
+            state, request, signature, keys,
+        ))
+    }
+
+    fn sign(
+        &mut self,
+        scope: &str,
+        token: Token,
+        lease_id: &str,
+        key: &GrantKey,
+    ) -> Result<Result<GrantSignature, SignError>, Error> {
+        Ok(fencecheck_guest::sign(scope, token, lease_id, key))
     }
 
     fn acquire(

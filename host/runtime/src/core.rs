@@ -210,12 +210,13 @@ fn i32_of(at: usize) -> Result<i32, CoreError> {
 mod tests {
     use super::*;
 
-    const CHECK: &str = "fencecheck:fence/check@0.1.0";
+    const CHECK: &str = "fencecheck:fence/check@0.1.1";
 
     /// The embedded component has exactly one core module, of the expected
     /// shape: the fast transport is what every default runtime uses.
     #[test]
     fn the_embedded_component_has_one_core_module() {
+        assert_eq!(CHECK.rsplit('@').next(), Some(crate::WIT_VERSION));
         assert!(only_core_module(crate::COMPONENT).is_some());
         let engine = Engine::default();
         assert!(matches!(

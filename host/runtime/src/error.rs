@@ -29,6 +29,18 @@ pub enum Error {
         /// What this host runs, e.g. `fencecheck:fence@0.1.x`.
         supported: String,
     },
+    /// The loaded component is of a supported version but older than a
+    /// feature this call needs (signed tokens need 0.1.1). Nothing was sent
+    /// to the guest; load a newer component.
+    #[error("the loaded component (fencecheck:fence@{version}) has no {feature}: that needs {since} or later")]
+    Unsupported {
+        /// What the call needs, e.g. `signed tokens`.
+        feature: &'static str,
+        /// The loaded component's version.
+        version: String,
+        /// The first version with it.
+        since: &'static str,
+    },
     /// wasmtime refused the configuration or the component bytes.
     #[error("loading the fencecheck component: {0}")]
     Load(String),

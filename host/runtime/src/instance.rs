@@ -4,14 +4,15 @@
 use wasmtime::Store;
 
 use crate::abi::{
-    check_abi as abi, error_in, info_in, lease_abi, lease_error_in, outcome_in, request_bytes,
-    request_out, token_in, token_out, wit,
+    Bindings, check_abi as abi, error_in, info_in, key_out, lease_abi, lease_error_in, outcome_in,
+    request_bytes, request_out, sign_in, signature_out, signed_outcome_in, token_in, token_out,
 };
 use crate::core::{CoreError, CoreGuest};
 use crate::runtime::Limiter;
 use crate::{
-    Acquire, AcquireRequest, CheckError, Checker, Error, Holder, LeaseError, LeaseInfo, Outcome,
-    Release, ReleaseRequest, Renew, RenewRequest, Request, Runtime, StateInfo,
+    Acquire, AcquireRequest, CheckError, Checker, Error, GrantKey, GrantSignature, Holder,
+    LeaseError, LeaseInfo, Outcome, Release, ReleaseRequest, Renew, RenewRequest, Request, Runtime,
+    SignError, SignedOutcome, StateInfo, Token,
 };
 
 /// One instance of the component, for one thread or connection at a time.
@@ -34,7 +35,7 @@ pub struct Instance {
 
 struct ComponentGuest {
     store: Store<Limiter>,
-    bindings: wit::Fencecheck,
+    bindings: Bindings,
 }
 
 impl std::fmt::Debug for Instance {
@@ -95,6 +96,101 @@ impl Instance {
                 .call_check(store, state, abi_request)
         })?;
         Ok(outcome_in(result))
+    }
+
+    /// Decide one request on a scope that requires signed tokens; see
+    /// [`Checker::check_signed`]. Over the core transport it crosses as a
+    /// one-item `check-packed` batch with keys and signature (flags 4 and
+    /// 5); over the component API through the typed `auth.check-signed`.
+    /// [`Error::Unsupported`] if the component predates signed tokens.
+    pub fn check_signed(
+        &mut self,
+        state: Option<&[u8]>,
+        request: &Request,
+        signature: Option<&GrantSignature>,
+        keys: &[GrantKey],
+    ) -> Result<SignedOutcome, Error> {
+        const CALL: &str = "check-signed";
+        self.require_auth()?;
+        let auth_bytes = keys
+            .iter()
+            .map(|k| k.secret.len().saturating_add(5))
+            .chain(signature.map(|s| s.lease_id.len().saturating_add(s.tag.len())))
+            .fold(0usize, usize::saturating_add);
+        self.bound(CALL, request_bytes(state, request).saturating_add(auth_bytes))?;
+        let fuel = self.runtime.shared.limits.fuel_per_check;
+        if self.core.is_some() {
+            let mut buffer = std::mem::take(&mut self.buffer);
+            buffer.clear();
+            let result = match crate::packed::encode_signed_into(
+                &mut buffer,
+                state,
+                request,
+                (signature, keys),
+            ) {
+                Some(()) => self.core_call(CALL, &buffer, fuel, |out| {
+                    let out = out.map_err(|crate::BatchError::Malformed| Error::Protocol {
+                        call: CALL,
+                        message: "the guest refused the host's encoding as malformed".into(),
+                    })?;
+                    crate::packed::decode_signed(out).map_err(|message| Error::Protocol {
+                        call: CALL,
+                        message,
+                    })
+                }),
+                None => Err(too_large(CALL, self.runtime.shared.limits.call_bytes)),
+            };
+            self.buffer = buffer;
+            return result;
+        }
+        let abi_request = request_out(request);
+        let abi_signature = signature.map(signature_out);
+        let abi_keys: Vec<_> = keys.iter().map(key_out).collect();
+        let result = self.call(CALL, fuel, |b, store| {
+            b.fencecheck_fence_auth()
+                .ok_or_else(|| wasmtime::Error::msg("no auth interface"))?
+                .call_check_signed(store, state, abi_request, abi_signature, &abi_keys)
+        })?;
+        Ok(signed_outcome_in(result))
+    }
+
+    /// Sign the grant of `token` to `lease_id` for `scope` (the lock's
+    /// name) with `key`; see [`Checker::sign`]. [`Error::Unsupported`] if
+    /// the component predates signed tokens.
+    pub fn sign(
+        &mut self,
+        scope: &str,
+        token: Token,
+        lease_id: &str,
+        key: &GrantKey,
+    ) -> Result<Result<GrantSignature, SignError>, Error> {
+        const CALL: &str = "sign";
+        self.require_auth()?;
+        self.bound(
+            CALL,
+            scope
+                .len()
+                .saturating_add(lease_id.len())
+                .saturating_add(key.secret.len()),
+        )?;
+        let fuel = self.runtime.shared.limits.fuel_per_check;
+        let result = self.call(CALL, fuel, |b, store| {
+            b.fencecheck_fence_auth()
+                .ok_or_else(|| wasmtime::Error::msg("no auth interface"))?
+                .call_sign(store, scope, token_out(token), lease_id, key_out(key))
+        })?;
+        Ok(sign_in(result))
+    }
+
+    fn require_auth(&self) -> Result<(), Error> {
+        if self.runtime.supports_signing() {
+            return Ok(());
+        }
+        Err(Error::Unsupported {
+            feature: "signed tokens",
+            version: self.runtime.component_version().to_owned(),
+            since: "0.1.1",
+        })
     }
 
     /// Decide many independent pairs in one crossing; see [`Checker::check_batch`].
@@ -400,7 +496,7 @@ impl Instance {
         &mut self,
         call: &'static str,
         fuel: u64,
-        f: impl FnOnce(&wit::Fencecheck, &mut Store<Limiter>) -> wasmtime::Result<T>,
+        f: impl FnOnce(&Bindings, &mut Store<Limiter>) -> wasmtime::Result<T>,
     ) -> Result<T, Error> {
         let trapped = |e: wasmtime::Error| Error::Trapped {
             call,
@@ -449,6 +545,26 @@ impl Checker for Instance {
 
     fn inspect(&mut self, state: &[u8]) -> Result<Result<StateInfo, CheckError>, Error> {
         Instance::inspect(self, state)
+    }
+
+    fn check_signed(
+        &mut self,
+        state: Option<&[u8]>,
+        request: &Request,
+        signature: Option<&GrantSignature>,
+        keys: &[GrantKey],
+    ) -> Result<SignedOutcome, Error> {
+        Instance::check_signed(self, state, request, signature, keys)
+    }
+
+    fn sign(
+        &mut self,
+        scope: &str,
+        token: Token,
+        lease_id: &str,
+        key: &GrantKey,
+    ) -> Result<Result<GrantSignature, SignError>, Error> {
+        Instance::sign(self, scope, token, lease_id, key)
     }
 
     fn acquire(

@@ -26,6 +26,9 @@
 //!   component (`0.1.0`); a component whose version this crate does not
 //!   support ([`supported_components`]) is refused at load with
 //!   [`Error::UnsupportedComponent`].
+//! - Signed tokens (opt-in per scope): [`Instance::check_signed`] with the
+//!   [`GrantKey`]s a host trusts for a scope, [`Instance::sign`] for
+//!   authorities; [`SignedTokenText`] carries the [`GrantSignature`].
 //! - [`TokenText`]: the canonical text form of a token (`EPOCH.COUNTER` or
 //!   `AUTHORITY:EPOCH.COUNTER`), shared by the CLI, SQL and HTTP.
 //!
@@ -75,17 +78,19 @@ mod version;
 pub use checker::{Checker, Native};
 pub use error::Error;
 pub use fencecheck_guest::{
-    Acquire, AcquireRequest, BatchError, CheckError, Corruption, Decision, FORMAT_VERSION, Holder,
-    InvalidReason, LeaseError, LeaseInfo, LeaseInvalidReason, MAX_LEASE_ID_BYTES, MAX_LOCK_BYTES,
-    MAX_OP_ID_BYTES, MAX_SCOPE_BYTES, Policy, Release, ReleaseRequest, Renew, RenewRequest,
-    Request, StateInfo, Token, WINDOW_CAPACITY, WindowEntry,
+    Acquire, AcquireRequest, AuthFailure, BatchError, CheckError, Corruption, Decision,
+    FORMAT_VERSION, GrantKey, GrantSignature, Holder, InvalidReason, KeyProblem, LeaseError,
+    LeaseInfo, LeaseInvalidReason, MAX_KEYS, MAX_LEASE_ID_BYTES, MAX_LOCK_BYTES, MAX_OP_ID_BYTES,
+    MAX_SCOPE_BYTES, MAX_SECRET_BYTES, MAX_SIGNED_LEASE_ID_BYTES, MIN_SECRET_BYTES, Policy,
+    Release, ReleaseRequest, Renew, RenewRequest, Request, SignError, SignedCheckError, StateInfo,
+    TAG_BYTES, Token, WINDOW_CAPACITY, WindowEntry, grant_message,
 };
 pub use fenced::{Accepted, Fenced, Rejection, accept};
 pub use instance::Instance;
 pub use runtime::{
     Allocation, COMPONENT, Limits, Loaded, PRECOMPILED, Precompiled, Runtime, Transport,
 };
-pub use text::{TokenText, TokenTextError};
+pub use text::{SignedTokenText, TokenText, TokenTextError};
 pub use version::{
     WIT_PACKAGE, WIT_VERSION, rewrite_wit_version, supported as supported_components,
 };
@@ -94,3 +99,8 @@ pub use version::{
 /// deterministic: the same state and request give the same outcome in every
 /// runtime. Only `Ok(Decision::Applied { .. })` permits a change.
 pub type Outcome = Result<Decision, CheckError>;
+
+/// The outcome of a check on a scope that requires signed tokens: a
+/// [`Decision`], or why none was made ([`SignedCheckError`]: the check's
+/// own errors, an unusable key set, or `unauthenticated`).
+pub type SignedOutcome = Result<Decision, SignedCheckError>;

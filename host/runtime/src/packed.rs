@@ -3,16 +3,42 @@
 //! `guest/src/packed.rs`; `tests/properties.rs` checks the round trip
 //! against `check` item by item.
 
-use crate::{CheckError, Corruption, Decision, InvalidReason, Outcome, Policy, Request, Token};
+use crate::{
+    AuthFailure, CheckError, Corruption, Decision, GrantKey, GrantSignature, InvalidReason,
+    KeyProblem, MAX_KEYS, Outcome, Policy, Request, SignedCheckError, SignedOutcome, Token,
+};
 
 const HAS_STATE: u8 = 1;
 const HAS_OP_ID: u8 = 1 << 1;
 const HAS_EXPECTED: u8 = 1 << 2;
 const ALLOW_EQUAL: u8 = 1 << 3;
+const HAS_KEYS: u8 = 1 << 4;
+const HAS_SIGNATURE: u8 = 1 << 5;
+
+/// What a signed item adds: the signature (if any) and the scope's keys.
+pub(crate) type Auth<'a> = (Option<&'a GrantSignature>, &'a [GrantKey]);
 
 /// Append `items` to `out` as a packed batch. `None` if a count or length
 /// does not fit its u32 field (far beyond any transport bound).
 pub(crate) fn encode_into(out: &mut Vec<u8>, items: &[(Option<&[u8]>, &Request)]) -> Option<()> {
+    encode_items(out, items, None)
+}
+
+/// One item of a scope that requires signed tokens, as a one-item batch.
+pub(crate) fn encode_signed_into(
+    out: &mut Vec<u8>,
+    state: Option<&[u8]>,
+    request: &Request,
+    auth: Auth<'_>,
+) -> Option<()> {
+    encode_items(out, &[(state, request)], Some(auth))
+}
+
+fn encode_items(
+    out: &mut Vec<u8>,
+    items: &[(Option<&[u8]>, &Request)],
+    auth: Option<Auth<'_>>,
+) -> Option<()> {
     let size: usize = items
         .iter()
         .map(|(s, r)| {
@@ -38,6 +64,12 @@ pub(crate) fn encode_into(out: &mut Vec<u8>, items: &[(Option<&[u8]>, &Request)]
         if request.policy == Policy::AllowEqual {
             flags |= ALLOW_EQUAL;
         }
+        if let Some((signature, _)) = auth {
+            flags |= HAS_KEYS;
+            if signature.is_some() {
+                flags |= HAS_SIGNATURE;
+            }
+        }
         out.push(flags);
         for v in [
             request.token.authority,
@@ -56,8 +88,42 @@ pub(crate) fn encode_into(out: &mut Vec<u8>, items: &[(Option<&[u8]>, &Request)]
         if let Some(s) = state {
             put_bytes(out, s)?;
         }
+        if let Some((signature, keys)) = auth {
+            put_auth(out, signature, keys)?;
+        }
     }
     Some(())
+}
+
+/// Keys and signature. Counts and lengths the format cannot carry (a u8)
+/// are cut to a size that the guest judges the same way, so the guest
+/// still makes every decision: more than 255 keys become the first
+/// `MAX_KEYS + 1` (`too-many-keys`, checked before any key), a secret or
+/// tag longer than 255 bytes becomes its first 255 (`long-secret` at the
+/// same key; a tag that is not 32 bytes is `malformed-signature`).
+fn put_auth(out: &mut Vec<u8>, signature: Option<&GrantSignature>, keys: &[GrantKey]) -> Option<()> {
+    let keys = if keys.len() > usize::from(u8::MAX) {
+        keys.get(..MAX_KEYS + 1)?
+    } else {
+        keys
+    };
+    out.push(u8::try_from(keys.len()).ok()?);
+    for key in keys {
+        out.extend_from_slice(&key.key_id.to_le_bytes());
+        put_short(out, &key.secret);
+    }
+    if let Some(signature) = signature {
+        out.extend_from_slice(&signature.key_id.to_le_bytes());
+        put_bytes(out, signature.lease_id.as_bytes())?;
+        put_short(out, &signature.tag);
+    }
+    Some(())
+}
+
+fn put_short(out: &mut Vec<u8>, bytes: &[u8]) {
+    let bytes = bytes.get(..usize::from(u8::MAX)).unwrap_or(bytes);
+    out.push(bytes.len() as u8);
+    out.extend_from_slice(bytes);
 }
 
 fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) -> Option<()> {
@@ -86,12 +152,38 @@ pub(crate) fn decode(bytes: &[u8], expected: usize) -> Result<Vec<Outcome>, Stri
 
 /// [`decode`] of a one-item batch, without the vector.
 pub(crate) fn decode_one(bytes: &[u8]) -> Result<Outcome, String> {
+    one(bytes, outcome)
+}
+
+/// The outcome of a one-item signed batch ([`encode_signed_into`]).
+pub(crate) fn decode_signed(bytes: &[u8]) -> Result<SignedOutcome, String> {
+    one(bytes, |r| match r.u8()? {
+        134 => Ok(Err(SignedCheckError::Unauthenticated(match r.u8()? {
+            0 => AuthFailure::Unsigned,
+            1 => AuthFailure::UnknownKey,
+            2 => AuthFailure::MalformedSignature,
+            3 => AuthFailure::BadSignature,
+            other => return Err(format!("unknown auth-failure {other}")),
+        }))),
+        135 => Ok(Err(SignedCheckError::InvalidKeys(match r.u8()? {
+            0 => KeyProblem::NoKeys,
+            1 => KeyProblem::TooManyKeys,
+            2 => KeyProblem::ShortSecret,
+            3 => KeyProblem::LongSecret,
+            4 => KeyProblem::DuplicateKeyId,
+            other => return Err(format!("unknown key-problem {other}")),
+        }))),
+        tag => Ok(tagged(tag, r)?.map_err(SignedCheckError::Check)),
+    })
+}
+
+fn one<T>(bytes: &[u8], read: impl FnOnce(&mut Cursor<'_>) -> Result<T, String>) -> Result<T, String> {
     let mut r = Cursor(bytes);
     let count = r.u32()?;
     if count != 1 {
         return Err(format!("{count} results for 1 item"));
     }
-    let outcome = outcome(&mut r)?;
+    let outcome = read(&mut r)?;
     if !r.0.is_empty() {
         return Err(format!("{} trailing bytes", r.0.len()));
     }
@@ -99,8 +191,14 @@ pub(crate) fn decode_one(bytes: &[u8]) -> Result<Outcome, String> {
 }
 
 fn outcome(r: &mut Cursor<'_>) -> Result<Outcome, String> {
+    let tag = r.u8()?;
+    tagged(tag, r)
+}
+
+/// An outcome of `check` after its tag (an unsigned batch never holds 134 or 135).
+fn tagged(tag: u8, r: &mut Cursor<'_>) -> Result<Outcome, String> {
     {
-        Ok(match r.u8()? {
+        Ok(match tag {
             0 => {
                 let version = r.u64()?;
                 let highest = r.token()?;

@@ -10,7 +10,6 @@ use wasmtime::component::{Component, Linker};
 use wasmtime::{Engine, InstanceAllocationStrategy, Module, PoolingAllocationConfig, Store};
 use wasmtime::{ResourceLimiter, StoreLimits, StoreLimitsBuilder};
 
-use crate::abi::wit;
 use crate::core::{CoreGuest, CoreModule};
 use crate::{Error, Instance};
 
@@ -114,7 +113,8 @@ pub enum Transport {
 
 pub(crate) struct Shared {
     pub(crate) engine: Engine,
-    pub(crate) pre: wit::FencecheckPre<Limiter>,
+    pub(crate) pre: wasmtime::component::InstancePre<Limiter>,
+    pub(crate) indices: crate::abi::Indices,
     pub(crate) core: Option<CoreModule>,
     pub(crate) limits: Limits,
     pub(crate) loaded: Loaded,
@@ -234,11 +234,12 @@ impl Runtime {
         // would make this fail rather than be satisfied by accident.
         let linker = Linker::<Limiter>::new(&engine);
         let instance_pre = linker.instantiate_pre(&component).map_err(load)?;
-        let pre = wit::FencecheckPre::new(instance_pre).map_err(load)?;
+        let indices = crate::abi::Indices::new(&instance_pre).map_err(load)?;
         Ok(Self {
             shared: Arc::new(Shared {
                 engine,
-                pre,
+                pre: instance_pre,
+                indices,
                 core,
                 limits,
                 loaded,
@@ -252,6 +253,14 @@ impl Runtime {
     /// [`crate::WIT_VERSION`] (what this crate was built against) accepts.
     pub fn component_version(&self) -> &str {
         &self.shared.version
+    }
+
+    /// Whether the loaded component has signed tokens (its
+    /// `fencecheck:fence/auth` interface, new in 0.1.1). Without it
+    /// [`crate::Instance::check_signed`] and [`crate::Instance::sign`] return
+    /// [`Error::Unsupported`]; every other call works as before.
+    pub fn supports_signing(&self) -> bool {
+        self.shared.indices.has_auth()
     }
 
     /// Whether this runtime's machine code was precompiled or compiled when
@@ -268,6 +277,7 @@ impl Runtime {
             shared: Arc::new(Shared {
                 engine: shared.engine.clone(),
                 pre: shared.pre.clone(),
+                indices: shared.indices.clone(),
                 core: None,
                 limits: shared.limits,
                 loaded: shared.loaded,
@@ -314,13 +324,17 @@ impl Runtime {
     }
 
     /// A component instantiation in a store of its own.
-    pub(crate) fn instantiate(&self) -> Result<(Store<Limiter>, wit::Fencecheck), Error> {
+    pub(crate) fn instantiate(
+        &self,
+    ) -> Result<(Store<Limiter>, crate::abi::Bindings), Error> {
         let mut store = self.store()?;
+        let failed = |e: wasmtime::Error| Error::Instantiate(format!("{e:#}"));
+        let instance = self.shared.pre.instantiate(&mut store).map_err(failed)?;
         let bindings = self
             .shared
-            .pre
-            .instantiate(&mut store)
-            .map_err(|e| Error::Instantiate(format!("{e:#}")))?;
+            .indices
+            .load(&mut store, &instance)
+            .map_err(failed)?;
         Ok((store, bindings))
     }
 

@@ -12,13 +12,22 @@
 //! `damage` may name `"state": "lease"` to damage the lease slot (default:
 //! the fence slot); `acquire` may carry `authority` and `epoch_floor`, and
 //! `renew`/`release` tokens an `authority` (all default 0).
+//!
+//! Signed tokens (0.1.1): a `check` step with `keys` is a check on a scope
+//! that requires signed tokens (`check-signed`), with an optional
+//! `signature`; its errors include `unauthenticated` and `invalid-keys`
+//! with their reasons. A `sign` step signs a grant and expects `signed`
+//! with the exact `tag` (which pins the message encoding in every runner)
+//! or an error. [`VectorFile::needs_signing`] tells which files need a
+//! component that has signed tokens.
 
 use std::path::Path;
 
 use serde::Deserialize;
 
 use crate::{Acquire, AcquireRequest, LeaseError, Release, ReleaseRequest};
-use crate::{Checker, Decision, Error, Outcome, Policy};
+use crate::{Checker, Decision, Error, Outcome, Policy, SignedCheckError, SignedOutcome};
+use crate::{GrantKey, GrantSignature, SignError};
 use crate::{Renew, RenewRequest, Request, Token};
 
 /// A parsed vector file.
@@ -32,6 +41,16 @@ pub struct VectorFile {
     pub description: Option<String>,
     /// The steps, in order.
     pub steps: Vec<Step>,
+}
+
+impl VectorFile {
+    /// Whether a step signs or checks a signed scope: such a file needs a
+    /// component with signed tokens (0.1.1 or later).
+    pub fn needs_signing(&self) -> bool {
+        self.steps.iter().any(|s| {
+            s.sign.is_some() || s.check.as_ref().is_some_and(|c| c.keys.is_some())
+        })
+    }
 }
 
 /// One step: exactly one action, and an `expect` for non-damage actions.
@@ -68,6 +87,9 @@ pub struct Step {
     /// Lease: start the next epoch (`{}`).
     #[serde(default)]
     pub restore: Option<RestoreStep>,
+    /// Sign a grant.
+    #[serde(default)]
+    pub sign: Option<SignStep>,
     /// What the step must produce.
     #[serde(default)]
     pub expect: Option<Expect>,
@@ -93,6 +115,61 @@ pub struct CheckStep {
     /// Expected scope version.
     #[serde(default)]
     pub expected_version: Option<u64>,
+    /// The scope requires signed tokens, with these keys (may be empty, to
+    /// test that refusal).
+    #[serde(default)]
+    pub keys: Option<Vec<KeySpec>>,
+    /// The token's signature (only with `keys`).
+    #[serde(default)]
+    pub signature: Option<SignatureSpec>,
+}
+
+/// A key: `{"id": 3, "secret": "HEX"}`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KeySpec {
+    /// The key id.
+    pub id: u32,
+    /// The secret, in hex.
+    pub secret: String,
+}
+
+impl KeySpec {
+    fn key(&self) -> Result<GrantKey, String> {
+        Ok(GrantKey {
+            key_id: self.id,
+            secret: hex::decode(&self.secret).map_err(|e| format!("bad secret hex: {e}"))?,
+        })
+    }
+}
+
+/// A signature: `{"key_id": 3, "lease_id": "…", "tag": "HEX"}`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SignatureSpec {
+    /// The key id it names.
+    pub key_id: u32,
+    /// The lease id it carries.
+    pub lease_id: String,
+    /// The tag, in hex.
+    pub tag: String,
+}
+
+/// A `sign` step.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SignStep {
+    /// The scope (the lock's name).
+    pub scope: String,
+    /// `[epoch, counter]`.
+    pub token: [u64; 2],
+    /// The token's authority (default 0).
+    #[serde(default)]
+    pub authority: u64,
+    /// The lease id.
+    pub lease_id: String,
+    /// The signing key.
+    pub key: KeySpec,
 }
 
 impl CheckStep {
@@ -202,6 +279,9 @@ pub struct Expect {
     /// `restored` (extension): the new epoch.
     #[serde(default)]
     pub epoch: Option<u64>,
+    /// `signed`: the tag, in hex.
+    #[serde(default)]
+    pub tag: Option<String>,
 }
 
 /// A lease step's outcome, whichever function it called.
@@ -222,6 +302,10 @@ pub enum LeaseOutcome {
 pub struct StepRecord {
     /// A check step's outcome.
     pub outcome: Option<Outcome>,
+    /// A signed check step's outcome.
+    pub signed: Option<SignedOutcome>,
+    /// A sign step's outcome.
+    pub signature: Option<Result<GrantSignature, SignError>>,
     /// A lease step's outcome.
     pub lease: Option<LeaseOutcome>,
     /// The fence slot after the step.
@@ -265,13 +349,15 @@ pub fn run(file: &VectorFile, checker: &mut dyn Checker) -> FileReport {
     for (index, step) in file.steps.iter().enumerate() {
         let n = index + 1;
         match run_step(step, &mut slots, checker) {
-            Ok((outcome, lease, problem)) => {
-                if let Some(problem) = problem {
+            Ok(done) => {
+                if let Some(problem) = done.problem {
                     report.failures.push(format!("step {n}: {problem}"));
                 }
                 report.records.push(StepRecord {
-                    outcome,
-                    lease,
+                    outcome: done.outcome,
+                    signed: done.signed,
+                    signature: done.signature,
+                    lease: done.lease,
                     state: slots.fence.clone(),
                     lease_state: slots.lease.clone(),
                 });
@@ -292,14 +378,26 @@ struct Slots {
     lease: Option<Vec<u8>>,
 }
 
-type StepResult = (Option<Outcome>, Option<LeaseOutcome>, Option<String>);
+/// What one step did, and what did not match its `expect`.
+#[derive(Default)]
+struct Done {
+    outcome: Option<Outcome>,
+    signed: Option<SignedOutcome>,
+    signature: Option<Result<GrantSignature, SignError>>,
+    lease: Option<LeaseOutcome>,
+    problem: Option<String>,
+}
 
-fn run_step(
-    step: &Step,
-    slots: &mut Slots,
-    checker: &mut dyn Checker,
-) -> Result<StepResult, Error> {
+fn problem(text: impl Into<String>) -> Done {
+    Done {
+        problem: Some(text.into()),
+        ..Done::default()
+    }
+}
+
+fn run_step(step: &Step, slots: &mut Slots, checker: &mut dyn Checker) -> Result<Done, Error> {
     let actions = [
+        step.sign.is_some(),
         step.check.is_some(),
         step.damage.is_some(),
         step.acquire.is_some(),
@@ -308,41 +406,72 @@ fn run_step(
         step.restore.is_some(),
     ];
     if actions.iter().filter(|a| **a).count() != 1 {
-        return Ok((None, None, Some("a step needs exactly one action".into())));
+        return Ok(problem("a step needs exactly one action"));
     }
     if let Some(kind) = &step.damage {
         let slot = match step.state.as_deref() {
             None | Some("fence") => &mut slots.fence,
             Some("lease") => &mut slots.lease,
-            Some(other) => {
-                return Ok((None, None, Some(format!("unknown state slot {other:?}"))));
-            }
+            Some(other) => return Ok(problem(format!("unknown state slot {other:?}"))),
         };
-        return Ok((
-            None,
-            None,
-            damage(
-                slot,
-                kind,
-                DamageArgs {
-                    bit: step.bit,
-                    len: step.len,
-                    hex: step.hex.as_deref(),
-                },
-            )
-            .err(),
-        ));
+        let args = DamageArgs {
+            bit: step.bit,
+            len: step.len,
+            hex: step.hex.as_deref(),
+        };
+        return Ok(Done {
+            problem: damage(slot, kind, args).err(),
+            ..Done::default()
+        });
     }
     let Some(expect) = &step.expect else {
-        return Ok((None, None, Some("step without `expect`".into())));
+        return Ok(problem("step without `expect`"));
     };
+    if let Some(sign) = &step.sign {
+        let key = match sign.key.key() {
+            Ok(key) => key,
+            Err(e) => return Ok(problem(e)),
+        };
+        let token = Token::new(sign.authority, sign.token[0], sign.token[1]);
+        let signature = checker.sign(&sign.scope, token, &sign.lease_id, &key)?;
+        return Ok(Done {
+            problem: compare_signature(expect, &signature).err(),
+            signature: Some(signature),
+            ..Done::default()
+        });
+    }
     if let Some(check) = &step.check {
-        let outcome = checker.check(slots.fence.as_deref(), &check.request())?;
-        let problem = compare(expect, &outcome).err();
+        let request = check.request();
+        let Some(keys) = &check.keys else {
+            if check.signature.is_some() {
+                return Ok(problem("`signature` needs `keys`"));
+            }
+            let outcome = checker.check(slots.fence.as_deref(), &request)?;
+            let problem = compare(expect, &outcome).err();
+            if let Ok(Decision::Applied { state: next, .. }) = &outcome {
+                slots.fence = Some(next.clone());
+            }
+            return Ok(Done {
+                outcome: Some(outcome),
+                problem,
+                ..Done::default()
+            });
+        };
+        let (keys, signature) = match signed_inputs(keys, check.signature.as_ref()) {
+            Ok(inputs) => inputs,
+            Err(e) => return Ok(problem(e)),
+        };
+        let outcome =
+            checker.check_signed(slots.fence.as_deref(), &request, signature.as_ref(), &keys)?;
+        let problem = compare_signed(expect, &outcome).err();
         if let Ok(Decision::Applied { state: next, .. }) = &outcome {
             slots.fence = Some(next.clone());
         }
-        return Ok((Some(outcome), None, problem));
+        return Ok(Done {
+            signed: Some(outcome),
+            problem,
+            ..Done::default()
+        });
     }
     let current = slots.lease.as_deref();
     let outcome = if let Some(a) = &step.acquire {
@@ -382,7 +511,81 @@ fn run_step(
     if let Some(next) = lease_state(&outcome) {
         slots.lease = Some(next.to_vec());
     }
-    Ok((None, Some(outcome), problem))
+    Ok(Done {
+        lease: Some(outcome),
+        problem,
+        ..Done::default()
+    })
+}
+
+type SignedInputs = (Vec<GrantKey>, Option<GrantSignature>);
+
+fn signed_inputs(keys: &[KeySpec], signature: Option<&SignatureSpec>) -> Result<SignedInputs, String> {
+    let keys = keys.iter().map(KeySpec::key).collect::<Result<_, _>>()?;
+    let signature = match signature {
+        Some(s) => Some(GrantSignature {
+            key_id: s.key_id,
+            lease_id: s.lease_id.clone(),
+            tag: hex::decode(&s.tag).map_err(|e| format!("bad tag hex: {e}"))?,
+        }),
+        None => None,
+    };
+    Ok((keys, signature))
+}
+
+/// Compare a signed check's outcome with the fields `expect` names.
+pub fn compare_signed(expect: &Expect, outcome: &SignedOutcome) -> Result<(), String> {
+    match outcome {
+        Ok(decision) => compare(expect, &Ok(decision.clone())),
+        Err(SignedCheckError::Check(e)) => compare(expect, &Err(e.clone())),
+        Err(e) => {
+            if expect.outcome != "error" {
+                return Err(format!("expected {}, got {}", expect.outcome, describe_signed(outcome)));
+            }
+            field("error", expect.error.as_deref(), e.name())?;
+            field("reason", expect.reason.as_deref(), e.reason().unwrap_or("none"))
+        }
+    }
+}
+
+/// A one-line description of a signed check's outcome.
+pub fn describe_signed(outcome: &SignedOutcome) -> String {
+    match outcome {
+        Ok(decision) => describe(&Ok(decision.clone())),
+        Err(SignedCheckError::Check(e)) => describe(&Err(e.clone())),
+        Err(e) => match e.reason() {
+            Some(r) => format!("error {} ({r})", e.name()),
+            None => format!("error {}", e.name()),
+        },
+    }
+}
+
+/// Compare a sign step's outcome with the fields `expect` names: `signed`
+/// with its `tag`, or `error` with the sign error's name and, for
+/// `invalid-key`, the key problem as `reason`.
+pub fn compare_signature(
+    expect: &Expect,
+    outcome: &Result<GrantSignature, SignError>,
+) -> Result<(), String> {
+    match outcome {
+        Ok(signature) => {
+            if expect.outcome != "signed" {
+                return Err(format!("expected {}, got signed", expect.outcome));
+            }
+            field("tag", expect.tag.as_deref(), hex::encode(&signature.tag).as_str())
+        }
+        Err(e) => {
+            if expect.outcome != "error" {
+                return Err(format!("expected {}, got error {e}", expect.outcome));
+            }
+            field("error", expect.error.as_deref(), e.name())?;
+            let reason = match e {
+                SignError::InvalidKey(p) => p.name(),
+                _ => "none",
+            };
+            field("reason", expect.reason.as_deref(), reason)
+        }
+    }
 }
 
 /// The new lease state an outcome carries, if it changes the lock.

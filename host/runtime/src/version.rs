@@ -3,10 +3,13 @@
 //! A component's version is its WIT package version, carried in its export
 //! names (`fencecheck:fence/check@0.1.0`). This crate was built against the
 //! package in `wit/fence.wit` ([`WIT_VERSION`], read by the build script) and
-//! runs a component only if its exports carry a version semver-compatible
-//! with that one (for 0.x: the same major and minor, at least the same
-//! patch): anything else has another contract and is refused at load with
-//! [`Error::UnsupportedComponent`], before anything is instantiated.
+//! runs a component only if its exports carry a version of the same release
+//! line (for 0.x: the same major and minor; any patch, older or newer):
+//! anything else has another contract and is refused at load with
+//! [`Error::UnsupportedComponent`], before anything is instantiated. Within
+//! a line versions only add (0.1.1 added `fencecheck:fence/auth`): a call
+//! that needs what an older component lacks is refused with
+//! [`Error::Unsupported`], and every other call works.
 
 use crate::Error;
 
@@ -49,15 +52,17 @@ impl Version {
         parts.next().is_none().then_some(version)
     }
 
-    /// Whether a component at `self` can serve a host built against `built`
-    /// (cargo's caret rule: the same leftmost non-zero part, not older).
+    /// Whether a component at `self` can serve a host built against `built`:
+    /// the same release line (for 0.x the same minor, else the same major),
+    /// older or newer. Within a line versions only add: a host runs an
+    /// older component of its line (the rolling upgrade's old half) and
+    /// refuses, per call, a feature it lacks ([`Error::Unsupported`]).
     fn serves(self, built: Self) -> bool {
-        let same_line = if built.major == 0 {
+        if built.major == 0 {
             self.major == 0 && self.minor == built.minor
         } else {
             self.major == built.major
-        };
-        same_line && self >= built
+        }
     }
 }
 
@@ -71,16 +76,7 @@ pub fn supported() -> String {
     } else {
         format!("{}.x", built.major)
     };
-    let floor = if built.major == 0 {
-        built.patch != 0
-    } else {
-        built.minor != 0 || built.patch != 0
-    };
-    if floor {
-        format!("{WIT_PACKAGE}@{line} from {WIT_VERSION}")
-    } else {
-        format!("{WIT_PACKAGE}@{line}")
-    }
+    format!("{WIT_PACKAGE}@{line}")
 }
 
 /// The version of the component whose top-level export names are `exports`,
@@ -239,17 +235,19 @@ mod tests {
             .map_err(|e| e.to_string())
     }
 
-    /// The built-against version and later patches of the same 0.x line
-    /// are run; the component's version is its check interface's.
+    /// Every patch of the built-against 0.x line is run, older (0.1.0, the
+    /// released component) and newer; the component's version is its check
+    /// interface's.
     #[test]
     fn same_line_is_run() -> Result<(), String> {
-        assert_eq!(WIT_VERSION, "0.1.0", "update these cases with the WIT");
+        assert_eq!(WIT_VERSION, "0.1.1", "update these cases with the WIT");
         let names = [
             "fencecheck:fence/types@0.1.0",
             "fencecheck:fence/check@0.1.0",
             "fencecheck:fence/lease@0.1.0",
         ];
         assert_eq!(vetted(&names)?, "0.1.0");
+        assert_eq!(vetted(&["fencecheck:fence/check@0.1.1"])?, "0.1.1");
         assert_eq!(
             vetted(&["fencecheck:fence/check@0.1.7", "unrelated:pkg/x@9.0.0"])?,
             "0.1.7"
