@@ -57,6 +57,7 @@ fn request() -> impl Strategy<Value = Request> {
             policy,
             op_id,
             expected_version,
+            signature: None,
         })
 }
 

@@ -120,6 +120,7 @@ fn request() -> impl Strategy<Value = Request> {
             policy,
             op_id,
             expected_version,
+            signature: None,
         })
 }
 

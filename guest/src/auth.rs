@@ -156,15 +156,17 @@ impl<'a> From<&'a GrantSignature> for SignatureRef<'a> {
 /// `check`, with authentication (rule 1b) between validating the request
 /// and reading the state, so an unauthenticated caller learns nothing about
 /// the scope and changes nothing.
+///
+/// The signature is the request's own ([`Request::signature`]).
 pub fn check_signed(
     state: Option<&[u8]>,
     request: &Request,
-    signature: Option<&GrantSignature>,
     keys: &[GrantKey],
 ) -> Result<Decision, SignedCheckError> {
-    let keys: Vec<KeyRef<'_>> = keys.iter().map(KeyRef::from).collect();
+    let key_refs: Vec<KeyRef<'_>> = keys.iter().map(KeyRef::from).collect();
+    let signature = request.signature.as_ref().map(SignatureRef::from);
     let request = RequestRef::from(request);
-    authenticate(&request, signature.map(SignatureRef::from), &keys)?;
+    authenticate(&request, signature, &key_refs)?;
     match decide(state, request).map_err(SignedCheckError::Check)? {
         Verdict::Applied { version, next } => Ok(Decision::Applied {
             version,
@@ -306,6 +308,14 @@ fn grant_mac(key: &KeyRef<'_>, scope: &[u8], token: Token, lease_id: &[u8]) -> H
     mac
 }
 
+/// Whether `keys` is a usable key set for a scope that requires signed
+/// tokens: what `check-signed` refuses as `invalid-keys`, checked when a host
+/// is configured rather than at its first write.
+pub fn check_keys(keys: &[GrantKey]) -> Result<(), KeyProblem> {
+    let refs: Vec<KeyRef<'_>> = keys.iter().map(KeyRef::from).collect();
+    validate_keys(&refs)
+}
+
 pub(crate) fn validate_keys(keys: &[KeyRef<'_>]) -> Result<(), KeyProblem> {
     if keys.is_empty() {
         return Err(KeyProblem::NoKeys);
@@ -320,7 +330,11 @@ pub(crate) fn validate_keys(keys: &[KeyRef<'_>]) -> Result<(), KeyProblem> {
         if key.secret.len() > MAX_SECRET_BYTES {
             return Err(KeyProblem::LongSecret);
         }
-        if keys.iter().skip(i.saturating_add(1)).any(|k| k.id == key.id) {
+        if keys
+            .iter()
+            .skip(i.saturating_add(1))
+            .any(|k| k.id == key.id)
+        {
             return Err(KeyProblem::DuplicateKeyId);
         }
     }
@@ -489,11 +503,13 @@ mod tests {
         let sig = signed("report/july", t, &k3);
         let keys = [k3.clone()];
         assert!(matches!(
-            check_signed(None, &request, Some(&sig), &keys),
+            check_signed(None, &request.clone().with_signature(sig.clone()), &keys),
             Ok(Decision::Applied { version: 1, .. })
         ));
         let bad = |r: &Request, s: Option<&GrantSignature>, keys: &[GrantKey]| {
-            check_signed(Some(b"garbage"), r, s, keys)
+            let mut r = r.clone();
+            r.signature = s.cloned();
+            check_signed(Some(b"garbage"), &r, keys)
         };
         let refused = SignedCheckError::Unauthenticated(AuthFailure::BadSignature);
         // Tampered counter, epoch and authority.
@@ -517,7 +533,13 @@ mod tests {
         assert_eq!(bad(&request, Some(&s), &keys), Err(refused.clone()));
         let mut s = sig.clone();
         s.key_id = 4;
-        let both = [k3.clone(), GrantKey { key_id: 4, secret: k3.secret.clone() }];
+        let both = [
+            k3.clone(),
+            GrantKey {
+                key_id: 4,
+                secret: k3.secret.clone(),
+            },
+        ];
         assert_eq!(bad(&request, Some(&s), &both), Err(refused));
         // Unknown key, unsigned, malformed.
         assert_eq!(
@@ -570,11 +592,11 @@ mod tests {
             tag: vec![0; TAG_BYTES],
         };
         assert_eq!(
-            check_signed(None, &forged, Some(&fake), &keys),
+            check_signed(None, &forged.clone().with_signature(fake), &keys),
             Err(SignedCheckError::Unauthenticated(AuthFailure::BadSignature))
         );
         assert!(matches!(
-            check_signed(None, &honest_request, Some(&sig), &keys),
+            check_signed(None, &honest_request.clone().with_signature(sig), &keys),
             Ok(Decision::Applied { .. })
         ));
     }
@@ -599,19 +621,19 @@ mod tests {
         ];
         for (keys, problem) in cases {
             assert_eq!(
-                check_signed(None, &r, None, keys),
+                check_signed(None, &r, keys),
                 Err(SignedCheckError::InvalidKeys(problem))
             );
         }
         let many: Vec<GrantKey> = (0..17).map(key).collect();
         assert_eq!(
-            check_signed(None, &r, None, &many),
+            check_signed(None, &r, &many),
             Err(SignedCheckError::InvalidKeys(KeyProblem::TooManyKeys))
         );
         // The request is validated first.
         let missing = Request::new("s", Token::new(0, 0, 0), Policy::Strict);
         assert_eq!(
-            check_signed(None, &missing, None, &[]),
+            check_signed(None, &missing, &[]),
             Err(SignedCheckError::Check(CheckError::InvalidRequest(
                 crate::types::InvalidReason::MissingToken
             )))

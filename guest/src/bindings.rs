@@ -71,6 +71,7 @@ fn request_in(r: wit::Request) -> Request {
         },
         op_id: r.op_id,
         expected_version: r.expected_version,
+        signature: None,
     }
 }
 
@@ -284,32 +285,28 @@ mod auth_exports {
             keys: Vec<wit::GrantKey>,
         ) -> Result<wit::Decision, wit::SignedCheckError> {
             let keys: Vec<GrantKey> = keys.into_iter().map(key_in).collect();
-            let signature = signature.map(|s| GrantSignature {
+            let mut request = request_in(request);
+            request.signature = signature.map(|s| GrantSignature {
                 key_id: s.key_id,
                 lease_id: s.lease_id,
                 tag: s.tag,
             });
-            crate::check_signed(
-                state.as_deref(),
-                &request_in(request),
-                signature.as_ref(),
-                &keys,
-            )
-            .map(decision_out)
-            .map_err(|e| match e {
-                SignedCheckError::Check(e) => wit::SignedCheckError::Check(error_out(e)),
-                SignedCheckError::InvalidKeys(p) => {
-                    wit::SignedCheckError::InvalidKeys(problem_out(p))
-                }
-                SignedCheckError::Unauthenticated(a) => {
-                    wit::SignedCheckError::Unauthenticated(match a {
-                        AuthFailure::Unsigned => wit::AuthFailure::Unsigned,
-                        AuthFailure::UnknownKey => wit::AuthFailure::UnknownKey,
-                        AuthFailure::MalformedSignature => wit::AuthFailure::MalformedSignature,
-                        AuthFailure::BadSignature => wit::AuthFailure::BadSignature,
-                    })
-                }
-            })
+            crate::check_signed(state.as_deref(), &request, &keys)
+                .map(decision_out)
+                .map_err(|e| match e {
+                    SignedCheckError::Check(e) => wit::SignedCheckError::Check(error_out(e)),
+                    SignedCheckError::InvalidKeys(p) => {
+                        wit::SignedCheckError::InvalidKeys(problem_out(p))
+                    }
+                    SignedCheckError::Unauthenticated(a) => {
+                        wit::SignedCheckError::Unauthenticated(match a {
+                            AuthFailure::Unsigned => wit::AuthFailure::Unsigned,
+                            AuthFailure::UnknownKey => wit::AuthFailure::UnknownKey,
+                            AuthFailure::MalformedSignature => wit::AuthFailure::MalformedSignature,
+                            AuthFailure::BadSignature => wit::AuthFailure::BadSignature,
+                        })
+                    }
+                })
         }
 
         fn sign(

@@ -42,10 +42,10 @@
 )]
 
 // wit-bindgen's generated ABI glue is the only unsafe code in the guest.
+mod auth;
 #[cfg(target_arch = "wasm32")]
 #[allow(unsafe_code)]
 mod bindings;
-mod auth;
 mod check;
 mod crc;
 mod frame;
@@ -57,7 +57,7 @@ mod types;
 pub use auth::{
     AuthFailure, GrantKey, GrantSignature, KeyProblem, MAX_KEYS, MAX_SECRET_BYTES,
     MAX_SIGNED_LEASE_ID_BYTES, MIN_SECRET_BYTES, SignError, SignedCheckError, TAG_BYTES,
-    check_signed, grant_message, sign,
+    check_keys, check_signed, grant_message, sign,
 };
 pub use check::check;
 pub use frame::FORMAT_VERSION;

@@ -133,7 +133,11 @@ fn parse(input: &[u8]) -> Result<Vec<Item<'_>>, BatchError> {
             (false, true) => return Err(BatchError::Malformed),
             (true, signed) => {
                 let keys = keys(&mut r)?;
-                let signature = if signed { Some(signature(&mut r)?) } else { None };
+                let signature = if signed {
+                    Some(signature(&mut r)?)
+                } else {
+                    None
+                };
                 match authenticate(&request, signature, &keys) {
                     Ok(()) | Err(SignedCheckError::Check(_)) => Gate::Open,
                     Err(SignedCheckError::InvalidKeys(p)) => Gate::InvalidKeys(p),

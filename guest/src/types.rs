@@ -68,6 +68,12 @@ pub struct Request {
     pub op_id: Option<String>,
     /// The scope version the caller saw.
     pub expected_version: Option<u64>,
+    /// The grant's signature, when the token came signed by its authority.
+    /// Only [`crate::check_signed`] (a scope that requires signed tokens)
+    /// reads it; [`crate::check`] ignores it, so a client may always send
+    /// its signed token and resources opt scopes in one by one. In WIT it is
+    /// `check-signed`'s own argument, not a field of `request`.
+    pub signature: Option<crate::GrantSignature>,
 }
 
 impl Request {
@@ -79,6 +85,7 @@ impl Request {
             policy,
             op_id: None,
             expected_version: None,
+            signature: None,
         }
     }
 
@@ -91,6 +98,12 @@ impl Request {
     /// The same request guarded by an expected scope version.
     pub fn with_expected_version(mut self, version: u64) -> Self {
         self.expected_version = Some(version);
+        self
+    }
+
+    /// The same request carrying its grant's signature.
+    pub fn with_signature(mut self, signature: crate::GrantSignature) -> Self {
+        self.signature = Some(signature);
         self
     }
 }

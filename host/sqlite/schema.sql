@@ -19,7 +19,13 @@ CREATE TABLE IF NOT EXISTS fencecheck_meta (
     value INTEGER NOT NULL
 ) WITHOUT ROWID;
 
-INSERT OR IGNORE INTO fencecheck_meta (key, value) VALUES ('layout', 1);
+INSERT OR IGNORE INTO fencecheck_meta (key, value) VALUES ('layout', 2);
+
+-- Layout 1 (before signed tokens) is upgraded in place: it has every table
+-- below but `fencecheck_keys`, which is created next. From then on a writer
+-- of layout 1 (fencecheck 0.1.0) refuses the database at its install: it
+-- cannot verify signatures, so it must not write scopes that require them.
+UPDATE fencecheck_meta SET value = 2 WHERE key = 'layout' AND value = 1;
 
 -- One row per scope holds the fence state *and* the catalog pointer, so a
 -- publish writes one row (the seed's `report_catalog`, with `accepted_fence`
@@ -50,3 +56,18 @@ CREATE TRIGGER IF NOT EXISTS fencecheck_objects_immutable
 BEGIN
     SELECT RAISE(ABORT, 'fencecheck: staged objects are immutable');
 END;
+
+-- Signed tokens (layout 2): a scope whose name starts with `scope_prefix`
+-- requires tokens signed by one of that prefix's keys; the longest prefix
+-- that starts a scope decides (`keys.sql`), and a scope no prefix starts
+-- takes unsigned tokens. Kept in the store, beside the fence states, so
+-- every host that writes a scope (Rust, Python, Node) enforces the same
+-- keys, and a key change takes effect at once for every one of them.
+-- Secrets: 16 to 64 bytes; the component refuses other lengths itself.
+CREATE TABLE IF NOT EXISTS fencecheck_keys (
+    scope_prefix TEXT    NOT NULL CHECK (typeof(scope_prefix) = 'text'),
+    key_id       INTEGER NOT NULL
+                 CHECK (typeof(key_id) = 'integer' AND key_id BETWEEN 0 AND 4294967295),
+    secret       BLOB    NOT NULL CHECK (typeof(secret) = 'blob'),
+    PRIMARY KEY (scope_prefix, key_id)
+) WITHOUT ROWID;

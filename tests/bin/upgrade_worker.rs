@@ -24,9 +24,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use fencecheck::{
-    Acquire, AcquireRequest, CheckError, Checker, Instance, LeaseError, LeaseInfo, Limits, Outcome,
-    Policy, Release, ReleaseRequest, Renew, RenewRequest, Request, Runtime, StateInfo, Token,
-    TokenText,
+    Acquire, AcquireRequest, CheckError, Checker, GrantKey, GrantSignature, Instance, LeaseError,
+    LeaseInfo, Limits, Outcome, Policy, Release, ReleaseRequest, Renew, RenewRequest, Request,
+    Runtime, SignError, SignedOutcome, StateInfo, Token, TokenText,
 };
 use fencecheck_sqlite::fenced_write;
 use rusqlite::Connection;
@@ -73,6 +73,28 @@ impl Checker for Recorder<'_> {
         state: &[u8],
     ) -> std::result::Result<std::result::Result<StateInfo, CheckError>, fencecheck::Error> {
         self.inner.inspect(state)
+    }
+
+    // The workers' scopes require no signatures (the 0.1.0 component has
+    // none): their writes all go through `check`, recorded above.
+    fn check_signed(
+        &mut self,
+        state: Option<&[u8]>,
+        request: &Request,
+        keys: &[GrantKey],
+    ) -> std::result::Result<SignedOutcome, fencecheck::Error> {
+        self.inner.check_signed(state, request, keys)
+    }
+
+    fn sign(
+        &mut self,
+        scope: &str,
+        token: Token,
+        lease_id: &str,
+        key: &GrantKey,
+    ) -> std::result::Result<std::result::Result<GrantSignature, SignError>, fencecheck::Error>
+    {
+        self.inner.sign(scope, token, lease_id, key)
     }
 
     fn acquire(

@@ -288,6 +288,12 @@ fn outcome_text(outcome: &Fenced<()>) -> String {
             })
         }
         Fenced::Rejected(Rejection::Refused(e)) => Err(e.clone()),
+        Fenced::Rejected(Rejection::Unauthenticated(failure)) => {
+            return format!("unauthenticated ({failure})");
+        }
+        Fenced::Rejected(Rejection::InvalidKeys(problem)) => {
+            return format!("invalid-keys ({problem})");
+        }
     };
     fencecheck::vectors::describe(&outcome)
 }

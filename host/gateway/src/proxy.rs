@@ -235,6 +235,22 @@ fn rejection(r: &Rejection, fence: &str) -> Reply {
             json!({"expected": expected, "actual": actual}),
         ),
         Rejection::Refused(e) => refused(e),
+        // Definitive for this token: a forged, tampered, replayed or
+        // unsigned token never passes, so not 409 (which invites a new
+        // grant) nor 503 (which invites a retry).
+        Rejection::Unauthenticated(failure) => Reply::problem(
+            403,
+            "unauthenticated",
+            "this key requires a Fence-Token signed by its authority",
+            json!({"reason": failure.name()}),
+        ),
+        // The gateway's own key configuration is unusable: fail closed.
+        Rejection::InvalidKeys(problem) => Reply::problem(
+            500,
+            "invalid-keys",
+            "the signing keys configured for this key are unusable",
+            json!({"reason": problem.name()}),
+        ),
     }
 }
 

@@ -3,8 +3,8 @@
 
 use crate::{
     Acquire, AcquireRequest, CheckError, Error, GrantKey, GrantSignature, LeaseError, LeaseInfo,
-    Outcome, Release, ReleaseRequest, Renew, RenewRequest, Request, SignError, SignedOutcome,
-    StateInfo, Token,
+    Outcome, Release, ReleaseRequest, Renew, RenewRequest, Request, SignError, SignedCheckError,
+    SignedOutcome, StateInfo, Token,
 };
 
 /// Anything that can make the fence decision: the wasm [`Instance`] or the
@@ -22,15 +22,29 @@ pub trait Checker {
     fn inspect(&mut self, state: &[u8]) -> Result<Result<StateInfo, CheckError>, Error>;
 
     /// Decide one request on a scope that requires signed tokens: the
-    /// signature is verified against `keys` before the state is read
-    /// (`wit/fence.wit`, interface `auth`).
+    /// request's signature ([`Request::signature`]) is verified against
+    /// `keys` before the state is read (`wit/fence.wit`, interface `auth`).
     fn check_signed(
         &mut self,
         state: Option<&[u8]>,
         request: &Request,
-        signature: Option<&GrantSignature>,
         keys: &[GrantKey],
     ) -> Result<SignedOutcome, Error>;
+
+    /// The fence decision a write path makes: [`Checker::check_signed`]
+    /// when the scope requires signed tokens (`keys` is `Some`, from a
+    /// [`crate::Keyring`]), else [`Checker::check`] (any signature ignored).
+    fn decide(
+        &mut self,
+        state: Option<&[u8]>,
+        request: &Request,
+        keys: Option<&[GrantKey]>,
+    ) -> Result<SignedOutcome, Error> {
+        match keys {
+            Some(keys) => self.check_signed(state, request, keys),
+            None => Ok(self.check(state, request)?.map_err(SignedCheckError::Check)),
+        }
+    }
 
     /// Sign the grant of `token` to `lease_id` for `scope` (the lock's name).
     fn sign(
@@ -102,12 +116,9 @@ impl Checker for Native {
         &mut self,
         state: Option<&[u8]>,
         request: &Request,
-        signature: Option<&GrantSignature>,
         keys: &[GrantKey],
     ) -> Result<SignedOutcome, Error> {
-        Ok(fencecheck_guest::check_signed(
-            state, request, signature, keys,
-        ))
+        Ok(fencecheck_guest::check_signed(state, request, keys))
     }
 
     fn sign(

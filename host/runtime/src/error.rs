@@ -32,7 +32,9 @@ pub enum Error {
     /// The loaded component is of a supported version but older than a
     /// feature this call needs (signed tokens need 0.1.1). Nothing was sent
     /// to the guest; load a newer component.
-    #[error("the loaded component (fencecheck:fence@{version}) has no {feature}: that needs {since} or later")]
+    #[error(
+        "the loaded component (fencecheck:fence@{version}) has no {feature}: that needs {since} or later"
+    )]
     Unsupported {
         /// What the call needs, e.g. `signed tokens`.
         feature: &'static str,

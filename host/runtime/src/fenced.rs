@@ -2,7 +2,9 @@
 //! applied, or a definitive [`Rejection`]. Infrastructure failures are each
 //! adapter's own error type, never one of these.
 
-use crate::{CheckError, Decision, Outcome, Token};
+use crate::{
+    AuthFailure, CheckError, Decision, KeyProblem, Outcome, SignedCheckError, SignedOutcome, Token,
+};
 
 /// What the fence accepted; handed to the mutation before it runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -59,6 +61,14 @@ pub enum Rejection {
     /// The request or the stored state is unusable (invalid request, corrupt
     /// state, scope mismatch, foreign authority…).
     Refused(CheckError),
+    /// The scope requires signed tokens and this token is not proven to
+    /// come from its authority: unsigned, an unknown key, or a forged,
+    /// tampered or replayed signature. Stop: the same token never passes.
+    Unauthenticated(AuthFailure),
+    /// The scope requires signed tokens but the keys configured for it are
+    /// unusable (no key, a short secret…): the resource's configuration is
+    /// at fault, not the caller; nothing is accepted until it is fixed.
+    InvalidKeys(KeyProblem),
 }
 
 impl Rejection {
@@ -70,6 +80,8 @@ impl Rejection {
             Rejection::StaleFence { .. } => "stale-fence",
             Rejection::VersionConflict { .. } => "version-conflict",
             Rejection::Refused(e) => e.name(),
+            Rejection::Unauthenticated(_) => "unauthenticated",
+            Rejection::InvalidKeys(_) => "invalid-keys",
         }
     }
 }
@@ -92,6 +104,12 @@ impl<T> Fenced<T> {
 /// The parts of an `applied` outcome (what was accepted, and the new state
 /// to store); any other outcome as the [`Rejection`] it is.
 pub fn accept(outcome: Outcome) -> Result<(Accepted, Vec<u8>), Rejection> {
+    accept_signed(outcome.map_err(SignedCheckError::Check))
+}
+
+/// [`accept`] for the outcome of [`crate::Checker::decide`] or
+/// [`crate::Checker::check_signed`].
+pub fn accept_signed(outcome: SignedOutcome) -> Result<(Accepted, Vec<u8>), Rejection> {
     match outcome {
         Ok(Decision::Applied {
             version,
@@ -105,6 +123,8 @@ pub fn accept(outcome: Outcome) -> Result<(Accepted, Vec<u8>), Rejection> {
         Ok(Decision::VersionConflict { expected, actual }) => {
             Err(Rejection::VersionConflict { expected, actual })
         }
-        Err(e) => Err(Rejection::Refused(e)),
+        Err(SignedCheckError::Check(e)) => Err(Rejection::Refused(e)),
+        Err(SignedCheckError::Unauthenticated(a)) => Err(Rejection::Unauthenticated(a)),
+        Err(SignedCheckError::InvalidKeys(p)) => Err(Rejection::InvalidKeys(p)),
     }
 }

@@ -107,27 +107,26 @@ impl Instance {
         &mut self,
         state: Option<&[u8]>,
         request: &Request,
-        signature: Option<&GrantSignature>,
         keys: &[GrantKey],
     ) -> Result<SignedOutcome, Error> {
         const CALL: &str = "check-signed";
         self.require_auth()?;
+        let signature = request.signature.as_ref();
         let auth_bytes = keys
             .iter()
             .map(|k| k.secret.len().saturating_add(5))
             .chain(signature.map(|s| s.lease_id.len().saturating_add(s.tag.len())))
             .fold(0usize, usize::saturating_add);
-        self.bound(CALL, request_bytes(state, request).saturating_add(auth_bytes))?;
+        self.bound(
+            CALL,
+            request_bytes(state, request).saturating_add(auth_bytes),
+        )?;
         let fuel = self.runtime.shared.limits.fuel_per_check;
         if self.core.is_some() {
             let mut buffer = std::mem::take(&mut self.buffer);
             buffer.clear();
-            let result = match crate::packed::encode_signed_into(
-                &mut buffer,
-                state,
-                request,
-                (signature, keys),
-            ) {
+            let result = match crate::packed::encode_signed_into(&mut buffer, state, request, keys)
+            {
                 Some(()) => self.core_call(CALL, &buffer, fuel, |out| {
                     let out = out.map_err(|crate::BatchError::Malformed| Error::Protocol {
                         call: CALL,
@@ -551,10 +550,9 @@ impl Checker for Instance {
         &mut self,
         state: Option<&[u8]>,
         request: &Request,
-        signature: Option<&GrantSignature>,
         keys: &[GrantKey],
     ) -> Result<SignedOutcome, Error> {
-        Instance::check_signed(self, state, request, signature, keys)
+        Instance::check_signed(self, state, request, keys)
     }
 
     fn sign(

@@ -83,14 +83,14 @@ pub use fencecheck_guest::{
     LeaseInfo, LeaseInvalidReason, MAX_KEYS, MAX_LEASE_ID_BYTES, MAX_LOCK_BYTES, MAX_OP_ID_BYTES,
     MAX_SCOPE_BYTES, MAX_SECRET_BYTES, MAX_SIGNED_LEASE_ID_BYTES, MIN_SECRET_BYTES, Policy,
     Release, ReleaseRequest, Renew, RenewRequest, Request, SignError, SignedCheckError, StateInfo,
-    TAG_BYTES, Token, WINDOW_CAPACITY, WindowEntry, grant_message,
+    TAG_BYTES, Token, WINDOW_CAPACITY, WindowEntry, check_keys, grant_message,
 };
-pub use fenced::{Accepted, Fenced, Rejection, accept};
+pub use fenced::{Accepted, Fenced, Rejection, accept, accept_signed};
 pub use instance::Instance;
 pub use runtime::{
     Allocation, COMPONENT, Limits, Loaded, PRECOMPILED, Precompiled, Runtime, Transport,
 };
-pub use text::{SignedTokenText, TokenText, TokenTextError};
+pub use text::{KeysText, KeysTextError, SignedTokenText, TokenText, TokenTextError};
 pub use version::{
     WIT_PACKAGE, WIT_VERSION, rewrite_wit_version, supported as supported_components,
 };

@@ -15,29 +15,29 @@ const ALLOW_EQUAL: u8 = 1 << 3;
 const HAS_KEYS: u8 = 1 << 4;
 const HAS_SIGNATURE: u8 = 1 << 5;
 
-/// What a signed item adds: the signature (if any) and the scope's keys.
-pub(crate) type Auth<'a> = (Option<&'a GrantSignature>, &'a [GrantKey]);
-
 /// Append `items` to `out` as a packed batch. `None` if a count or length
 /// does not fit its u32 field (far beyond any transport bound).
 pub(crate) fn encode_into(out: &mut Vec<u8>, items: &[(Option<&[u8]>, &Request)]) -> Option<()> {
     encode_items(out, items, None)
 }
 
-/// One item of a scope that requires signed tokens, as a one-item batch.
+/// One item of a scope that requires signed tokens (`keys`), as a one-item
+/// batch; the signature is the request's own.
 pub(crate) fn encode_signed_into(
     out: &mut Vec<u8>,
     state: Option<&[u8]>,
     request: &Request,
-    auth: Auth<'_>,
+    keys: &[GrantKey],
 ) -> Option<()> {
-    encode_items(out, &[(state, request)], Some(auth))
+    encode_items(out, &[(state, request)], Some(keys))
 }
 
+/// `keys`: `None` for unsigned items (a request's signature is then not
+/// sent: `check` ignores it), else every item is checked against them.
 fn encode_items(
     out: &mut Vec<u8>,
     items: &[(Option<&[u8]>, &Request)],
-    auth: Option<Auth<'_>>,
+    keys: Option<&[GrantKey]>,
 ) -> Option<()> {
     let size: usize = items
         .iter()
@@ -64,9 +64,9 @@ fn encode_items(
         if request.policy == Policy::AllowEqual {
             flags |= ALLOW_EQUAL;
         }
-        if let Some((signature, _)) = auth {
+        if keys.is_some() {
             flags |= HAS_KEYS;
-            if signature.is_some() {
+            if request.signature.is_some() {
                 flags |= HAS_SIGNATURE;
             }
         }
@@ -88,8 +88,8 @@ fn encode_items(
         if let Some(s) = state {
             put_bytes(out, s)?;
         }
-        if let Some((signature, keys)) = auth {
-            put_auth(out, signature, keys)?;
+        if let Some(keys) = keys {
+            put_auth(out, request.signature.as_ref(), keys)?;
         }
     }
     Some(())
@@ -101,7 +101,11 @@ fn encode_items(
 /// `MAX_KEYS + 1` (`too-many-keys`, checked before any key), a secret or
 /// tag longer than 255 bytes becomes its first 255 (`long-secret` at the
 /// same key; a tag that is not 32 bytes is `malformed-signature`).
-fn put_auth(out: &mut Vec<u8>, signature: Option<&GrantSignature>, keys: &[GrantKey]) -> Option<()> {
+fn put_auth(
+    out: &mut Vec<u8>,
+    signature: Option<&GrantSignature>,
+    keys: &[GrantKey],
+) -> Option<()> {
     let keys = if keys.len() > usize::from(u8::MAX) {
         keys.get(..MAX_KEYS + 1)?
     } else {
@@ -177,7 +181,10 @@ pub(crate) fn decode_signed(bytes: &[u8]) -> Result<SignedOutcome, String> {
     })
 }
 
-fn one<T>(bytes: &[u8], read: impl FnOnce(&mut Cursor<'_>) -> Result<T, String>) -> Result<T, String> {
+fn one<T>(
+    bytes: &[u8],
+    read: impl FnOnce(&mut Cursor<'_>) -> Result<T, String>,
+) -> Result<T, String> {
     let mut r = Cursor(bytes);
     let count = r.u32()?;
     if count != 1 {

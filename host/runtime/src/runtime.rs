@@ -324,9 +324,7 @@ impl Runtime {
     }
 
     /// A component instantiation in a store of its own.
-    pub(crate) fn instantiate(
-        &self,
-    ) -> Result<(Store<Limiter>, crate::abi::Bindings), Error> {
+    pub(crate) fn instantiate(&self) -> Result<(Store<Limiter>, crate::abi::Bindings), Error> {
         let mut store = self.store()?;
         let failed = |e: wasmtime::Error| Error::Instantiate(format!("{e:#}"));
         let instance = self.shared.pre.instantiate(&mut store).map_err(failed)?;

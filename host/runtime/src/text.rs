@@ -11,7 +11,7 @@ use std::str::FromStr;
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 
-use crate::{GrantSignature, Token};
+use crate::{GrantKey, GrantSignature, Token};
 
 /// Parses and prints tokens in their canonical text form.
 ///
@@ -156,9 +156,137 @@ impl fmt::Display for SignedTokenText {
     }
 }
 
+/// A key set in text form, as configuration files, command lines and SQL
+/// arguments give it: `KEY-ID:SECRET-HEX` entries separated by commas or
+/// newlines; blank lines and lines starting with `#` are skipped.
+///
+/// Parsing also checks that the set is usable ([`crate::check_keys`]: at
+/// least one key, 16 to 64 bytes each, no id twice), so a host refuses a
+/// bad configuration when it reads it, not at its first write. `Display`
+/// prints the secrets (it writes key files); [`GrantKey`]'s `Debug` does not.
+///
+/// ```
+/// use fencecheck::KeysText;
+/// let keys: KeysText = "3:000102030405060708090a0b0c0d0e0f, 4:ffffffffffffffffffffffffffffffff".parse()?;
+/// assert_eq!(keys.0.len(), 2);
+/// assert_eq!(keys.0[1].key_id, 4);
+/// assert!("3:00".parse::<KeysText>().is_err()); // a 1-byte secret
+/// # Ok::<(), fencecheck::KeysTextError>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeysText(pub Vec<GrantKey>);
+
+/// Text that is not a usable key set; the message never contains a secret.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("invalid key set: {reason}")]
+pub struct KeysTextError {
+    /// What is wrong: the entry's position and its form, or the key set's
+    /// problem (`short-secret`, `duplicate-key-id`…).
+    pub reason: String,
+}
+
+fn hex_bytes(s: &str) -> Option<Vec<u8>> {
+    if s.len() % 2 != 0 {
+        return None;
+    }
+    let digit = |b: u8| char::from(b).to_digit(16);
+    s.as_bytes()
+        .chunks_exact(2)
+        .map(|pair| match pair {
+            [hi, lo] => Some(u8::try_from(digit(*hi)? * 16 + digit(*lo)?).ok()?),
+            _ => None,
+        })
+        .collect()
+}
+
+impl FromStr for KeysText {
+    type Err = KeysTextError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let mut keys = Vec::new();
+        let entries = s
+            .lines()
+            .filter(|line| !line.trim_start().starts_with('#'))
+            .flat_map(|line| line.split(','))
+            .map(str::trim)
+            .filter(|entry| !entry.is_empty());
+        for (n, entry) in entries.enumerate() {
+            let refused = || KeysTextError {
+                reason: format!("entry {} is not KEY-ID:SECRET-HEX", n + 1),
+            };
+            let (id, secret) = entry.split_once(':').ok_or_else(refused)?;
+            let key_id = part(id)
+                .and_then(|id| u32::try_from(id).ok())
+                .ok_or_else(refused)?;
+            let secret = hex_bytes(secret).ok_or_else(refused)?;
+            keys.push(GrantKey { key_id, secret });
+        }
+        crate::check_keys(&keys).map_err(|problem| KeysTextError {
+            reason: problem.name().to_owned(),
+        })?;
+        Ok(Self(keys))
+    }
+}
+
+impl fmt::Display for KeysText {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, key) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            write!(f, "{}:", key.key_id)?;
+            for b in &key.secret {
+                write!(f, "{b:02x}")?;
+            }
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Key sets parse from commas or lines with comments, print back, and
+    /// every malformed or unusable set is refused without naming a secret.
+    #[test]
+    fn keys_text() -> Result<(), KeysTextError> {
+        let text = "# rotation\n3:00112233445566778899aabbccddeeff\n\n  4:FFEEDDCCBBAA99887766554433221100ffee ,5:000102030405060708090a0b0c0d0e0f\n";
+        let keys: KeysText = text.parse()?;
+        let ids: Vec<u32> = keys.0.iter().map(|k| k.key_id).collect();
+        assert_eq!(ids, [3, 4, 5]);
+        assert_eq!(keys.0[1].secret.len(), 18);
+        assert_eq!(keys.to_string().parse::<KeysText>()?, keys);
+        let sixteen = "00112233445566778899aabbccddeeff";
+        for (bad, reason) in [
+            ("", "no-keys"),
+            ("# only a comment", "no-keys"),
+            ("3:0011", "short-secret"),
+            (&*format!("3:{}", "00".repeat(65)), "long-secret"),
+            (&*format!("3:{sixteen},3:{sixteen}"), "duplicate-key-id"),
+            (&*format!("x:{sixteen}"), "entry 1 is not KEY-ID:SECRET-HEX"),
+            (
+                &*format!("4294967296:{sixteen}"),
+                "entry 1 is not KEY-ID:SECRET-HEX",
+            ),
+            (
+                &*format!("3:{sixteen},4:{sixteen}0"),
+                "entry 2 is not KEY-ID:SECRET-HEX",
+            ),
+            (
+                &*format!("3:{sixteen},4-{sixteen}"),
+                "entry 2 is not KEY-ID:SECRET-HEX",
+            ),
+            (
+                &*format!("3:{}zz", &sixteen[2..]),
+                "entry 1 is not KEY-ID:SECRET-HEX",
+            ),
+        ] {
+            let err = bad.parse::<KeysText>().err();
+            assert_eq!(err.map(|e| e.reason), Some(reason.to_owned()), "{bad:?}");
+        }
+        Ok(())
+    }
 
     /// Signed text round-trips; every departure from the form is refused.
     #[test]

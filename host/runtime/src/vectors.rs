@@ -15,7 +15,8 @@
 //!
 //! Signed tokens (0.1.1): a `check` step with `keys` is a check on a scope
 //! that requires signed tokens (`check-signed`), with an optional
-//! `signature`; its errors include `unauthenticated` and `invalid-keys`
+//! `signature` (which a step without `keys` may carry too: `check` ignores
+//! it); its errors include `unauthenticated` and `invalid-keys`
 //! with their reasons. A `sign` step signs a grant and expects `signed`
 //! with the exact `tag` (which pins the message encoding in every runner)
 //! or an error. [`VectorFile::needs_signing`] tells which files need a
@@ -47,9 +48,9 @@ impl VectorFile {
     /// Whether a step signs or checks a signed scope: such a file needs a
     /// component with signed tokens (0.1.1 or later).
     pub fn needs_signing(&self) -> bool {
-        self.steps.iter().any(|s| {
-            s.sign.is_some() || s.check.as_ref().is_some_and(|c| c.keys.is_some())
-        })
+        self.steps
+            .iter()
+            .any(|s| s.sign.is_some() || s.check.as_ref().is_some_and(|c| c.keys.is_some()))
     }
 }
 
@@ -119,7 +120,8 @@ pub struct CheckStep {
     /// test that refusal).
     #[serde(default)]
     pub keys: Option<Vec<KeySpec>>,
-    /// The token's signature (only with `keys`).
+    /// The token's signature. Without `keys` the scope is not opted in and
+    /// `check` ignores it.
     #[serde(default)]
     pub signature: Option<SignatureSpec>,
 }
@@ -173,7 +175,7 @@ pub struct SignStep {
 }
 
 impl CheckStep {
-    /// The request this step presents.
+    /// The request this step presents, without its signature.
     pub fn request(&self) -> Request {
         Request {
             scope: self.scope.clone(),
@@ -181,7 +183,26 @@ impl CheckStep {
             policy: self.policy,
             op_id: self.op_id.clone(),
             expected_version: self.expected_version,
+            signature: None,
         }
+    }
+
+    /// The request with its signature, and the scope's keys if it requires
+    /// signed tokens; an error names a malformed hex field.
+    pub fn signed_request(&self) -> Result<(Request, Option<Vec<GrantKey>>), String> {
+        let mut request = self.request();
+        if let Some(s) = &self.signature {
+            request.signature = Some(GrantSignature {
+                key_id: s.key_id,
+                lease_id: s.lease_id.clone(),
+                tag: hex::decode(&s.tag).map_err(|e| format!("bad tag hex: {e}"))?,
+            });
+        }
+        let keys = match &self.keys {
+            Some(keys) => Some(keys.iter().map(KeySpec::key).collect::<Result<_, _>>()?),
+            None => None,
+        };
+        Ok((request, keys))
     }
 }
 
@@ -441,37 +462,48 @@ fn run_step(step: &Step, slots: &mut Slots, checker: &mut dyn Checker) -> Result
         });
     }
     if let Some(check) = &step.check {
-        let request = check.request();
-        let Some(keys) = &check.keys else {
-            if check.signature.is_some() {
-                return Ok(problem("`signature` needs `keys`"));
-            }
-            let outcome = checker.check(slots.fence.as_deref(), &request)?;
-            let problem = compare(expect, &outcome).err();
-            if let Ok(Decision::Applied { state: next, .. }) = &outcome {
-                slots.fence = Some(next.clone());
-            }
-            return Ok(Done {
-                outcome: Some(outcome),
-                problem,
-                ..Done::default()
-            });
-        };
-        let (keys, signature) = match signed_inputs(keys, check.signature.as_ref()) {
+        let (request, keys) = match check.signed_request() {
             Ok(inputs) => inputs,
             Err(e) => return Ok(problem(e)),
         };
-        let outcome =
-            checker.check_signed(slots.fence.as_deref(), &request, signature.as_ref(), &keys)?;
-        let problem = compare_signed(expect, &outcome).err();
-        if let Ok(Decision::Applied { state: next, .. }) = &outcome {
-            slots.fence = Some(next.clone());
+        let fence = slots.fence.as_deref();
+        let (done, applied) = match &keys {
+            // Not opted in: `check`, which ignores any signature the request carries.
+            None => {
+                let outcome = checker.check(fence, &request)?;
+                let done = Done {
+                    problem: compare(expect, &outcome).err(),
+                    ..Done::default()
+                };
+                let applied = applied_state(outcome.as_ref().ok());
+                (
+                    Done {
+                        outcome: Some(outcome),
+                        ..done
+                    },
+                    applied,
+                )
+            }
+            Some(keys) => {
+                let outcome = checker.check_signed(fence, &request, keys)?;
+                let done = Done {
+                    problem: compare_signed(expect, &outcome).err(),
+                    ..Done::default()
+                };
+                let applied = applied_state(outcome.as_ref().ok());
+                (
+                    Done {
+                        signed: Some(outcome),
+                        ..done
+                    },
+                    applied,
+                )
+            }
+        };
+        if let Some(next) = applied {
+            slots.fence = Some(next);
         }
-        return Ok(Done {
-            signed: Some(outcome),
-            problem,
-            ..Done::default()
-        });
+        return Ok(done);
     }
     let current = slots.lease.as_deref();
     let outcome = if let Some(a) = &step.acquire {
@@ -518,19 +550,12 @@ fn run_step(step: &Step, slots: &mut Slots, checker: &mut dyn Checker) -> Result
     })
 }
 
-type SignedInputs = (Vec<GrantKey>, Option<GrantSignature>);
-
-fn signed_inputs(keys: &[KeySpec], signature: Option<&SignatureSpec>) -> Result<SignedInputs, String> {
-    let keys = keys.iter().map(KeySpec::key).collect::<Result<_, _>>()?;
-    let signature = match signature {
-        Some(s) => Some(GrantSignature {
-            key_id: s.key_id,
-            lease_id: s.lease_id.clone(),
-            tag: hex::decode(&s.tag).map_err(|e| format!("bad tag hex: {e}"))?,
-        }),
-        None => None,
-    };
-    Ok((keys, signature))
+/// The new state an `applied` decision carries.
+fn applied_state(decision: Option<&Decision>) -> Option<Vec<u8>> {
+    match decision {
+        Some(Decision::Applied { state, .. }) => Some(state.clone()),
+        _ => None,
+    }
 }
 
 /// Compare a signed check's outcome with the fields `expect` names.
@@ -540,10 +565,18 @@ pub fn compare_signed(expect: &Expect, outcome: &SignedOutcome) -> Result<(), St
         Err(SignedCheckError::Check(e)) => compare(expect, &Err(e.clone())),
         Err(e) => {
             if expect.outcome != "error" {
-                return Err(format!("expected {}, got {}", expect.outcome, describe_signed(outcome)));
+                return Err(format!(
+                    "expected {}, got {}",
+                    expect.outcome,
+                    describe_signed(outcome)
+                ));
             }
             field("error", expect.error.as_deref(), e.name())?;
-            field("reason", expect.reason.as_deref(), e.reason().unwrap_or("none"))
+            field(
+                "reason",
+                expect.reason.as_deref(),
+                e.reason().unwrap_or("none"),
+            )
         }
     }
 }
@@ -572,7 +605,11 @@ pub fn compare_signature(
             if expect.outcome != "signed" {
                 return Err(format!("expected {}, got signed", expect.outcome));
             }
-            field("tag", expect.tag.as_deref(), hex::encode(&signature.tag).as_str())
+            field(
+                "tag",
+                expect.tag.as_deref(),
+                hex::encode(&signature.tag).as_str(),
+            )
         }
         Err(e) => {
             if expect.outcome != "error" {

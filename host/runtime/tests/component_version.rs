@@ -134,7 +134,7 @@ fn expect_refused(result: Result<Runtime, Error>, found: &str) -> Result<()> {
 #[test]
 fn other_versions_are_refused_at_load() -> Result<()> {
     ensure!(
-        WIT_VERSION == "0.1.0",
+        WIT_VERSION.starts_with("0.1."),
         "update the fixtures with the WIT version"
     );
     let dir = tempfile::tempdir()?;
@@ -169,7 +169,8 @@ fn a_component_without_the_interface_is_refused() -> Result<()> {
                 found.starts_with("no fencecheck:fence/check interface (its exports: "),
                 "{found}"
             );
-            ensure!(found.contains("fencecheck:fence/chock@0.1.0"), "{found}");
+            let chock = format!("fencecheck:fence/chock@{WIT_VERSION}");
+            ensure!(found.contains(&chock), "{found}");
         }
         other => bail!("{other:?}"),
     }
@@ -236,7 +237,10 @@ fn the_fixture_differs_only_in_the_version() -> Result<()> {
     let mut back = future.clone();
     for (b, orig) in back.iter_mut().zip(COMPONENT) {
         if *b != *orig {
-            ensure!(*b == b'2' && *orig == b'1', "a non-version byte changed");
+            ensure!(
+                b.is_ascii_digit() && orig.is_ascii_digit(),
+                "a non-version byte changed"
+            );
             *b = *orig;
         }
     }

@@ -19,7 +19,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::ptr::NonNull;
 use std::sync::OnceLock;
 
-use fencecheck::{Outcome, Token};
+use fencecheck::{SignedOutcome, Token};
 use rusqlite::Connection;
 use rusqlite::functions::{Context, FunctionFlags};
 use rusqlite::types::ValueRef;
@@ -51,13 +51,20 @@ fn names() -> &'static (String, String) {
 // Single spaces (`\` continuations): rusqlite's statement cache hashes and
 // compares the whole text on every publish.
 const PUBLISH_HEAD: &str = "UPDATE fencecheck_scopes SET fence_state = ";
+// A scope that requires signed tokens matches no row here (the check inside
+// the statement is `check`, without keys) and takes read-then-write, which
+// reads its keys; deciding that inside this statement, under its write
+// lock, leaves no moment for a key change to slip between.
 const PUBLISH_TAIL: &str = "(fence_state, version), \
     version = version + 1, visible_object = ?2, published_at_ms = ?3 \
     WHERE scope = ?1 \
-    AND EXISTS (SELECT 1 FROM fencecheck_objects WHERE id = ?2 AND scope = ?1)";
+    AND EXISTS (SELECT 1 FROM fencecheck_objects WHERE id = ?2 AND scope = ?1) \
+    AND NOT EXISTS (SELECT 1 FROM fencecheck_keys \
+    WHERE substr(?1, 1, length(scope_prefix)) = scope_prefix)";
 
 /// The checker call a statement makes: state in, decision out.
-pub(crate) type Decide<'a> = dyn FnMut(Option<&[u8]>) -> Result<Outcome, fencecheck::Error> + 'a;
+pub(crate) type Decide<'a> =
+    dyn FnMut(Option<&[u8]>) -> Result<SignedOutcome, fencecheck::Error> + 'a;
 
 /// What the function did during one statement.
 pub(crate) enum Recorded {
@@ -263,7 +270,7 @@ mod tests {
     fn a_panicking_checker_changes_nothing_and_clears_the_slot() -> Result<()> {
         let (conn, next) = store()?;
         let before = row(&conn)?;
-        let mut panics = |_: Option<&[u8]>| -> std::result::Result<Outcome, fencecheck::Error> {
+        let mut panics = |_: Option<&[u8]>| -> std::result::Result<fencecheck::SignedOutcome, fencecheck::Error> {
             panic!("checker bug")
         };
         let (changed, recorded) = publish_one(&conn, &mut panics, "s", next.get(), 5);
@@ -273,7 +280,7 @@ mod tests {
         assert!(CURRENT.with(Cell::get).is_none());
 
         let request = Request::new("s", Token::new(0, 0, 2), Policy::Strict);
-        let mut decide = |state: Option<&[u8]>| Native.check(state, &request);
+        let mut decide = |state: Option<&[u8]>| Native.decide(state, &request, None);
         let (changed, recorded) = publish_one(&conn, &mut decide, "s", next.get(), 5);
         assert_eq!(changed?, 1);
         assert!(matches!(recorded, Recorded::Applied { version: 2, .. }));
@@ -296,7 +303,7 @@ mod tests {
             let mut calls = 0;
             let mut decide = |state: Option<&[u8]>| {
                 calls += 1;
-                Native.check(state, &request)
+                Native.decide(state, &request, None)
             };
             let (changed, recorded) = publish_one(&conn, &mut decide, "s", next.get(), 5);
             assert!(changed.is_err(), "{damage}");
@@ -325,7 +332,7 @@ mod tests {
         ))?;
         let before = row(&conn)?;
         let request = Request::new("s", Token::new(0, 0, 2), Policy::Strict);
-        let mut decide = |state: Option<&[u8]>| Native.check(state, &request);
+        let mut decide = |state: Option<&[u8]>| Native.decide(state, &request, None);
         let (from_trigger, recorded) =
             with_call(&mut decide, || conn.execute("INSERT INTO t VALUES (1)", []));
         let message = from_trigger

@@ -2,7 +2,7 @@
 //! one `BEGIN IMMEDIATE` transaction.
 
 pub use fencecheck::{Accepted, Fenced, Rejection};
-use fencecheck::{Checker, Outcome, Request, Token};
+use fencecheck::{Checker, Request, SignedOutcome, Token};
 use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
 
 use crate::error::sql;
@@ -41,8 +41,9 @@ UPDATE fencecheck_scopes
    AND EXISTS (SELECT 1 FROM fencecheck_objects WHERE id = ?4 AND scope = ?1)";
 
 /// Run `mutation` under the fence in one `BEGIN IMMEDIATE` transaction: read
-/// the scope's state, check `request`, and only on `applied` run the mutation
-/// and store the new state, then commit. On a rejection or any error the
+/// the scope's state (and its signing keys, if the scope requires signed
+/// tokens: [`crate::set_keys`]), check `request`, and only on `applied` run
+/// the mutation and store the new state, then commit. On a rejection or any error the
 /// transaction rolls back and nothing changes.
 ///
 /// The mutation receives the open transaction (do every write of the
@@ -70,8 +71,8 @@ pub fn stored_state(conn: &Connection, scope: &str) -> Result<Option<Vec<u8>>, E
 
 /// The new version, highest token and state of an `applied` outcome; any
 /// other outcome as the rejection it is.
-pub(crate) fn decision(outcome: Outcome) -> Result<(u64, Token, Vec<u8>), Rejection> {
-    fencecheck::accept(outcome).map(|(a, state)| (a.version, a.highest, state))
+pub(crate) fn decision(outcome: SignedOutcome) -> Result<(u64, Token, Vec<u8>), Rejection> {
+    fencecheck::accept_signed(outcome).map(|(a, state)| (a.version, a.highest, state))
 }
 
 pub(crate) fn run<C, T, E>(
@@ -92,7 +93,11 @@ where
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .map_err(sql("beginning the fenced transaction"))?;
     let stored = stored_state(&tx, &request.scope)?;
-    let (version, highest, state) = match decision(checker.check(stored.as_deref(), request)?) {
+    // Under the write lock, as the state: a key change is ordered before or
+    // after this write, never in between.
+    let keys = crate::scope_keys(&tx, &request.scope)?;
+    let outcome = checker.decide(stored.as_deref(), request, keys.as_deref())?;
+    let (version, highest, state) = match decision(outcome) {
         Ok(applied) => applied,
         // Dropping `tx` rolls back: a rejection changes nothing.
         Err(rejection) => return Ok(Fenced::Rejected(rejection)),

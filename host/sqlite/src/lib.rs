@@ -18,7 +18,15 @@
 //!   BLOB, version, catalog pointer), `fencecheck_objects` (immutable staged
 //!   objects) and `fencecheck_meta` (the layout number, [`LAYOUT_VERSION`];
 //!   another number is refused with [`Error::UnsupportedLayout`]).
+//!   Layout 2 adds `fencecheck_keys` (signed tokens, below); `install`
+//!   upgrades a layout-1 database in place.
 //! - [`fenced_write`]: any mutation, passed as a closure, under the fence.
+//! - Signed tokens, opt-in per scope prefix: [`set_keys`] makes every scope
+//!   under a prefix require tokens signed by one of its keys (the request's
+//!   [`fencecheck::Request::signature`]); every fenced write reads the
+//!   scope's keys ([`scope_keys`]) inside its transaction and decides with
+//!   `check-signed`, so a forged token is [`Rejection::Unauthenticated`].
+//!   [`remove_keys`], [`key_prefixes`].
 //! - The publish protocol: [`stage`] an immutable object under a unique key,
 //!   [`publish`] it (fenced move of the catalog pointer; the replaced object is
 //!   left alone), read it with [`visible`], [`discard`] an unpublished one, and
@@ -64,10 +72,12 @@
 mod apply;
 mod error;
 mod fence;
+mod keys;
 mod publish;
 mod schema;
 
 pub use error::Error;
 pub use fence::{Accepted, Fenced, Rejection, fenced_write, stored_state};
+pub use keys::{key_prefixes, remove_keys, scope_keys, set_keys};
 pub use publish::{GcReport, ObjectId, Visible, collect_garbage, discard, publish, stage, visible};
 pub use schema::{LAYOUT_VERSION, install};

@@ -136,7 +136,7 @@ where
     let at_ms = millis("publication time", now)?;
     if conn.is_autocommit() {
         let (changed, recorded) = {
-            let mut decide = |state: Option<&[u8]>| checker.check(state, request);
+            let mut decide = |state: Option<&[u8]>| checker.decide(state, request, None);
             apply::publish_one(conn, &mut decide, &request.scope, object.get(), at_ms)
         };
         match (changed, recorded) {

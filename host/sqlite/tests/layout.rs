@@ -37,7 +37,9 @@ fn install_is_idempotent_and_records_the_layout() -> Result<()> {
 #[test]
 fn other_layouts_are_refused_and_nothing_is_created() -> Result<()> {
     for (row, found) in [
-        (Some("2"), Some("2")),
+        (Some("3"), Some("3")),
+        (Some("0"), Some("0")),
+        (Some("'2'"), Some("'2'")),
         (Some("'1'"), Some("'1'")),
         (Some("1.5"), Some("1.5")),
         (None, None),
@@ -84,7 +86,28 @@ fn a_database_without_a_layout_number_is_adopted() -> Result<()> {
     )?;
     install(&conn)?;
     ensure!(rows(&conn, "SELECT version FROM fencecheck_scopes")? == ["Integer(7)"]);
-    ensure!(rows(&conn, "SELECT value FROM fencecheck_meta")? == ["Integer(1)"]);
+    ensure!(rows(&conn, "SELECT value FROM fencecheck_meta")? == ["Integer(2)"]);
+    Ok(())
+}
+
+/// A layout-1 database (fencecheck 0.1.0's `schema.sql`, no
+/// `fencecheck_keys`) is upgraded in place: its states stay, the keys table
+/// is added, and the number becomes 2, so a 0.1.0 writer (which cannot
+/// verify signatures) refuses it from then on.
+#[test]
+fn layout_1_is_upgraded_in_place() -> Result<()> {
+    let conn = Connection::open_in_memory()?;
+    conn.execute_batch(
+        "CREATE TABLE fencecheck_meta (key TEXT NOT NULL PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
+         INSERT INTO fencecheck_meta VALUES ('layout', 1);
+         CREATE TABLE fencecheck_scopes (scope TEXT NOT NULL PRIMARY KEY, fence_state BLOB NOT NULL,
+             version INTEGER NOT NULL, visible_object INTEGER, published_at_ms INTEGER) WITHOUT ROWID;
+         INSERT INTO fencecheck_scopes (scope, fence_state, version) VALUES ('s', x'01', 7);",
+    )?;
+    install(&conn)?;
+    ensure!(rows(&conn, "SELECT version FROM fencecheck_scopes")? == ["Integer(7)"]);
+    ensure!(rows(&conn, "SELECT value FROM fencecheck_meta")? == ["Integer(2)"]);
+    ensure!(rows(&conn, "SELECT count(*) FROM fencecheck_keys")? == ["Integer(0)"]);
     Ok(())
 }
 
