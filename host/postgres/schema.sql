@@ -16,8 +16,13 @@ CREATE TABLE IF NOT EXISTS fencecheck_meta (
     value bigint NOT NULL
 );
 
-INSERT INTO fencecheck_meta (key, value) VALUES ('layout', 1)
+INSERT INTO fencecheck_meta (key, value) VALUES ('layout', 2)
     ON CONFLICT (key) DO NOTHING;
+
+-- Layout 1 (before signed tokens) is upgraded in place, as in SQLite: it
+-- has every table below but `fencecheck_keys`, created next; 0.1.0 writers
+-- then refuse the database at their install.
+UPDATE fencecheck_meta SET value = 2 WHERE key = 'layout' AND value = 1;
 
 -- One row per scope: its fence state (the one high-water mark), the count
 -- of applied writes, and the catalog pointer of the publish protocol.
@@ -51,3 +56,16 @@ $$;
 CREATE OR REPLACE TRIGGER fencecheck_objects_immutable
     BEFORE UPDATE ON fencecheck_objects
     FOR EACH ROW EXECUTE FUNCTION fencecheck_objects_immutable();
+
+-- Signed tokens (layout 2), as in SQLite: a scope whose name starts with
+-- `scope_prefix` requires tokens signed by one of that prefix's keys; the
+-- longest prefix decides (`keys.sql`). Key changes take this layout's
+-- `fencecheck_scopes` table in EXCLUSIVE mode, so they wait for fenced
+-- writes in flight (which hold its row locks) and later writes read the
+-- new keys: a write never decides with keys older than a committed change.
+CREATE TABLE IF NOT EXISTS fencecheck_keys (
+    scope_prefix text   NOT NULL,
+    key_id       bigint NOT NULL CHECK (key_id BETWEEN 0 AND 4294967295),
+    secret       bytea  NOT NULL,
+    PRIMARY KEY (scope_prefix, key_id)
+);

@@ -1,7 +1,7 @@
 //! The fenced transaction: lock the scope's state → check → store the new
 //! state → the caller's mutation → commit, in one transaction.
 
-use fencecheck::{Accepted, Checker, Fenced, Request, accept};
+use fencecheck::{Accepted, Checker, Fenced, Request, accept_signed};
 use postgres::{Client, Transaction};
 
 use crate::Error;
@@ -30,7 +30,8 @@ pub fn stored_state(client: &mut Client, scope: &str) -> Result<Option<Vec<u8>>,
 }
 
 /// Run `mutation` under the fence in one transaction (at the session's
-/// isolation level): lock the scope's row, check `request`, and only on
+/// isolation level): lock the scope's row, read its signing keys if it
+/// requires signed tokens ([`crate::set_keys`]), check `request`, and only on
 /// `applied` store the new state and run the mutation, then commit. On a
 /// rejection or any error the transaction rolls back and nothing changes.
 ///
@@ -81,7 +82,10 @@ where
             .query_opt(LOCK_STATE, &[&request.scope])
             .map_err(pg("locking the fence state"))?
             .map(|r| r.get(0));
-        let (decided, state) = match accept(checker.check(stored.as_deref(), request)?) {
+        // After the row lock: a key change waits for this write (schema.sql).
+        let keys = crate::scope_keys(&mut tx, &request.scope)?;
+        let outcome = checker.decide(stored.as_deref(), request, keys.as_deref())?;
+        let (decided, state) = match accept_signed(outcome) {
             Ok(applied) => applied,
             // Dropping `tx` rolls back: a rejection changes nothing.
             Err(rejection) => return Ok(Fenced::Rejected(rejection)),

@@ -8,6 +8,11 @@
 //! - [`install`] creates the one layout ([`LAYOUT_VERSION`], `schema.sql`:
 //!   `fencecheck_meta`, `fencecheck_scopes`, `fencecheck_objects`, the
 //!   SQLite tables with PostgreSQL types) and refuses any other.
+//!   Layout 2 adds `fencecheck_keys`; a layout-1 database is upgraded.
+//! - Signed tokens, opt-in per scope prefix as in the SQLite adapter:
+//!   [`set_keys`], [`remove_keys`], [`key_prefixes`], [`scope_keys`]; a
+//!   scope with keys refuses every token its authority did not sign
+//!   ([`Rejection::Unauthenticated`]).
 //! - [`fenced_write`] locks the scope's row, checks, stores the new state
 //!   and runs the caller's mutation in one transaction. Results are
 //!   [`Fenced`] (applied, or a definitive [`Rejection`]); failures are
@@ -49,11 +54,13 @@
 
 mod error;
 mod fence;
+mod keys;
 mod publish;
 mod schema;
 
 pub use error::Error;
 pub use fence::{fenced_write, stored_state};
 pub use fencecheck::{Accepted, Fenced, Rejection};
+pub use keys::{key_prefixes, remove_keys, scope_keys, set_keys};
 pub use publish::{GcReport, ObjectId, Visible, collect_garbage, discard, publish, stage, visible};
 pub use schema::{LAYOUT_VERSION, install};

@@ -6,7 +6,10 @@ use crate::Error;
 use crate::error::pg;
 
 /// The layout this version reads and writes (`fencecheck_meta.layout`).
-pub const LAYOUT_VERSION: i64 = 1;
+pub const LAYOUT_VERSION: i64 = 2;
+
+/// The layout [`install`] upgrades in place: 2 only adds `fencecheck_keys`.
+const UPGRADES_FROM: i64 = 1;
 
 /// The DDL: `host/postgres/schema.sql`, shared with the Python host.
 const SCHEMA: &str = include_str!("../schema.sql");
@@ -32,14 +35,15 @@ fn layout(tx: &mut postgres::Transaction<'_>) -> Result<Option<i64>, Error> {
         .map(|r| r.get(0)))
 }
 
-/// Create the layout if absent, in one transaction. A database that
+/// Create the layout if absent, in one transaction; a layout-1 database is
+/// upgraded in place (2 adds `fencecheck_keys`). A database that
 /// declares another layout number is refused with
 /// [`Error::UnsupportedLayout`] and nothing is created or changed.
 pub fn install(client: &mut Client) -> Result<(), Error> {
     let mut tx = client.transaction().map_err(pg("beginning install"))?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&INSTALL_LOCK])
         .map_err(pg("taking the install lock"))?;
-    if let Some(found) = layout(&mut tx)?.filter(|v| *v != LAYOUT_VERSION) {
+    if let Some(found) = layout(&mut tx)?.filter(|v| ![LAYOUT_VERSION, UPGRADES_FROM].contains(v)) {
         return Err(Error::UnsupportedLayout { found });
     }
     tx.batch_execute(SCHEMA)
