@@ -100,9 +100,11 @@ def lease_step(step):
 def packed(items):
     out = u32(len(items))
     for state, c in items:
+        keyed = "keys" in c
+        signed = keyed and "signature" in c
         flags = (state is not None) | (("op_id" in c) << 1) | (("expected_version" in c) << 2) | (
             (c.get("policy") == "allow-equal") << 3
-        )
+        ) | (keyed << 4) | (signed << 5)
         authority, epoch, counter = token(c)
         out += u8(flags) + u64(authority) + u64(epoch) + u64(counter)
         if "expected_version" in c:
@@ -114,6 +116,16 @@ def packed(items):
             out += u32(len(op)) + op
         if state is not None:
             out += u32(len(state)) + state
+        if keyed:
+            out += u8(len(c["keys"]))
+            for k in c["keys"]:
+                secret = bytes.fromhex(k["secret"])
+                out += u32(k["id"]) + u8(len(secret)) + secret
+        if signed:
+            sig = c["signature"]
+            lease = sig["lease_id"].encode()
+            tag = bytes.fromhex(sig["tag"])
+            out += u32(sig["key_id"]) + u32(len(lease)) + lease + u8(len(tag)) + tag
     return out
 
 
@@ -146,6 +158,8 @@ def main():
             elif "check" in step:
                 check += u8(1) + request(step["check"])
                 items.append((fence_state, step["check"]))
+            elif "sign" in step:
+                pass  # no fuzz target signs: check_packed covers verification
             else:
                 lease += lease_step(step)
         if check:

@@ -30,8 +30,8 @@
 use std::fmt::Debug;
 
 use fencecheck::{
-    Checker, Decision, Error, Instance, LeaseInfo, Native, Policy, Request, Runtime, StateInfo,
-    Token,
+    AuthFailure, Checker, Decision, Error, GrantKey, GrantSignature, Instance, KeyProblem,
+    LeaseInfo, Native, Policy, Request, Runtime, SignedCheckError, StateInfo, Token,
 };
 
 /// Reads the input: little-endian integers, length-prefixed strings; zeros
@@ -63,6 +63,14 @@ impl<'a> Src<'a> {
         let got = self.bytes(2);
         b[..got.len()].copy_from_slice(got);
         u16::from_le_bytes(b)
+    }
+
+    /// A u32 (missing bytes are 0).
+    pub fn u32(&mut self) -> u32 {
+        let mut b = [0u8; 4];
+        let got = self.bytes(4);
+        b[..got.len()].copy_from_slice(got);
+        u32::from_le_bytes(b)
     }
 
     /// A u64 (missing bytes are 0).
@@ -627,8 +635,10 @@ pub fn model_lease(
     }
 }
 
-/// One item of a packed batch: its state and request.
-pub type PackedItem = (Option<Vec<u8>>, Request);
+/// One item of a packed batch: its state, request (with its signature, if
+/// the item carries one) and, for a scope that requires signed tokens, the
+/// keys the item carries.
+pub type PackedItem = (Option<Vec<u8>>, Request, Option<Vec<GrantKey>>);
 
 /// Parse a `check-packed` input per `wit/fence.wit`, independently of the
 /// guest's parser: `None` exactly when the guest must answer `malformed`.
@@ -641,6 +651,9 @@ pub fn parse_packed(input: &[u8]) -> Option<Vec<PackedItem>> {
         *input = rest;
         Some(head)
     }
+    fn u8_(input: &mut &[u8]) -> Option<u8> {
+        take(input, 1)?.first().copied()
+    }
     fn u32_(input: &mut &[u8]) -> Option<u32> {
         Some(u32::from_le_bytes(take(input, 4)?.try_into().ok()?))
     }
@@ -651,6 +664,10 @@ pub fn parse_packed(input: &[u8]) -> Option<Vec<PackedItem>> {
         let len = u32_(input)? as usize;
         take(input, len)
     }
+    fn short<'a>(input: &mut &'a [u8]) -> Option<&'a [u8]> {
+        let len = u8_(input)?;
+        take(input, usize::from(len))
+    }
     fn text(input: &mut &[u8]) -> Option<String> {
         String::from_utf8(blob(input)?.to_vec()).ok()
     }
@@ -658,8 +675,9 @@ pub fn parse_packed(input: &[u8]) -> Option<Vec<PackedItem>> {
     let count = u32_(&mut input)?;
     let mut items = Vec::new();
     for _ in 0..count {
-        let flags = *take(&mut input, 1)?.first()?;
-        if flags & !0b1111 != 0 {
+        let flags = u8_(&mut input)?;
+        // Bit 5 (signature) only with bit 4 (keys); bits 6 and 7 are zero.
+        if flags & !0b11_1111 != 0 || flags & 0b11_0000 == 0b10_0000 {
             return None;
         }
         let token = Token::new(u64_(&mut input)?, u64_(&mut input)?, u64_(&mut input)?);
@@ -687,19 +705,47 @@ pub fn parse_packed(input: &[u8]) -> Option<Vec<PackedItem>> {
         let mut request = Request::new(scope, token, policy);
         request.op_id = op_id;
         request.expected_version = expected_version;
-        items.push((state, request));
+        let keys = if flags & 16 != 0 {
+            let n = u8_(&mut input)?;
+            let mut keys = Vec::new();
+            for _ in 0..n {
+                let key_id = u32_(&mut input)?;
+                keys.push(GrantKey {
+                    key_id,
+                    secret: short(&mut input)?.to_vec(),
+                });
+            }
+            Some(keys)
+        } else {
+            None
+        };
+        if flags & 32 != 0 {
+            let key_id = u32_(&mut input)?;
+            let lease_id = text(&mut input)?;
+            request.signature = Some(GrantSignature {
+                key_id,
+                lease_id,
+                tag: short(&mut input)?.to_vec(),
+            });
+        }
+        items.push((state, request, keys));
     }
     input.is_empty().then_some(items)
 }
 
-/// The `check-packed` input for `items` (`wit/fence.wit`).
+/// The `check-packed` input for `items` (`wit/fence.wit`). A signature is
+/// written only for a keyed item (an unkeyed one cannot carry it); keys,
+/// secrets and tags must fit their u8 lengths (parsed items always do).
 pub fn encode_packed(items: &[PackedItem]) -> Vec<u8> {
     let mut out = (items.len() as u32).to_le_bytes().to_vec();
-    for (state, r) in items {
+    for (state, r, keys) in items {
+        let signature = keys.as_ref().and(r.signature.as_ref());
         let flags = u8::from(state.is_some())
             | (u8::from(r.op_id.is_some()) << 1)
             | (u8::from(r.expected_version.is_some()) << 2)
-            | (u8::from(r.policy == Policy::AllowEqual) << 3);
+            | (u8::from(r.policy == Policy::AllowEqual) << 3)
+            | (u8::from(keys.is_some()) << 4)
+            | (u8::from(signature.is_some()) << 5);
         out.push(flags);
         for v in [r.token.authority, r.token.epoch, r.token.counter] {
             out.extend_from_slice(&v.to_le_bytes());
@@ -711,6 +757,10 @@ pub fn encode_packed(items: &[PackedItem]) -> Vec<u8> {
             out.extend_from_slice(&(b.len() as u32).to_le_bytes());
             out.extend_from_slice(b);
         };
+        let short = |out: &mut Vec<u8>, b: &[u8]| {
+            out.push(b.len() as u8);
+            out.extend_from_slice(b);
+        };
         blob(&mut out, r.scope.as_bytes());
         if let Some(op) = &r.op_id {
             blob(&mut out, op.as_bytes());
@@ -718,13 +768,86 @@ pub fn encode_packed(items: &[PackedItem]) -> Vec<u8> {
         if let Some(s) = state {
             blob(&mut out, s);
         }
+        if let Some(keys) = keys {
+            out.push(keys.len() as u8);
+            for k in keys {
+                out.extend_from_slice(&k.key_id.to_le_bytes());
+                short(&mut out, &k.secret);
+            }
+        }
+        if let Some(s) = signature {
+            out.extend_from_slice(&s.key_id.to_le_bytes());
+            blob(&mut out, s.lease_id.as_bytes());
+            short(&mut out, &s.tag);
+        }
     }
     out
 }
 
+/// Why `check-signed` must refuse `request` before reading any state, or
+/// `None` when authentication passes (then it decides as `check`), written
+/// from `wit/fence.wit` (`auth`) with the `hmac` crate over the documented
+/// grant message; an invalid request is `check`'s own error (rule 1 first).
+pub fn auth_model(request: &Request, keys: &[GrantKey]) -> Option<SignedCheckError> {
+    use hmac::Mac;
+    if let Err(e) = fencecheck_guest::check(None, request) {
+        if matches!(e, fencecheck::CheckError::InvalidRequest(_)) {
+            return Some(SignedCheckError::Check(e));
+        }
+    }
+    let problem = if keys.is_empty() {
+        Some(KeyProblem::NoKeys)
+    } else if keys.len() > 16 {
+        Some(KeyProblem::TooManyKeys)
+    } else {
+        keys.iter().enumerate().find_map(|(i, k)| {
+            if k.secret.len() < 16 {
+                Some(KeyProblem::ShortSecret)
+            } else if k.secret.len() > 64 {
+                Some(KeyProblem::LongSecret)
+            } else if keys[i + 1..].iter().any(|o| o.key_id == k.key_id) {
+                Some(KeyProblem::DuplicateKeyId)
+            } else {
+                None
+            }
+        })
+    };
+    if let Some(problem) = problem {
+        return Some(SignedCheckError::InvalidKeys(problem));
+    }
+    let failure = |f| Some(SignedCheckError::Unauthenticated(f));
+    let Some(s) = &request.signature else {
+        return failure(AuthFailure::Unsigned);
+    };
+    if s.lease_id.is_empty() || s.lease_id.len() > 256 || s.tag.len() != 32 {
+        return failure(AuthFailure::MalformedSignature);
+    }
+    let Some(key) = keys.iter().find(|k| k.key_id == s.key_id) else {
+        return failure(AuthFailure::UnknownKey);
+    };
+    let mut message = b"fencecheck-grant-v1\0".to_vec();
+    message.extend_from_slice(&(request.scope.len() as u32).to_le_bytes());
+    message.extend_from_slice(request.scope.as_bytes());
+    let t = request.token;
+    for v in [t.authority, t.epoch, t.counter] {
+        message.extend_from_slice(&v.to_le_bytes());
+    }
+    message.extend_from_slice(&s.key_id.to_le_bytes());
+    message.extend_from_slice(&(s.lease_id.len() as u32).to_le_bytes());
+    message.extend_from_slice(s.lease_id.as_bytes());
+    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(&key.secret)
+        .unwrap_or_else(|e| panic!("HMAC takes any key length: {e}"));
+    mac.update(&message);
+    if mac.finalize().into_bytes().as_slice() == s.tag.as_slice() {
+        None
+    } else {
+        failure(AuthFailure::BadSignature)
+    }
+}
+
 /// The `check-packed` output for these outcomes (`wit/fence.wit`), written
 /// from the documented tags, independently of the guest's writer.
-pub fn encode_packed_outcomes(outcomes: &[fencecheck::Outcome]) -> Vec<u8> {
+pub fn encode_packed_outcomes(outcomes: &[fencecheck::SignedOutcome]) -> Vec<u8> {
     use fencecheck::{CheckError as E, Corruption as C, InvalidReason as I};
     let mut out = (outcomes.len() as u32).to_le_bytes().to_vec();
     let u64s = |out: &mut Vec<u8>, vs: &[u64]| {
@@ -733,6 +856,31 @@ pub fn encode_packed_outcomes(outcomes: &[fencecheck::Outcome]) -> Vec<u8> {
         }
     };
     for outcome in outcomes {
+        let outcome = match outcome {
+            Ok(d) => Ok(d),
+            Err(SignedCheckError::Check(e)) => Err(e),
+            Err(SignedCheckError::Unauthenticated(f)) => {
+                out.push(134);
+                out.push(match f {
+                    AuthFailure::Unsigned => 0,
+                    AuthFailure::UnknownKey => 1,
+                    AuthFailure::MalformedSignature => 2,
+                    AuthFailure::BadSignature => 3,
+                });
+                continue;
+            }
+            Err(SignedCheckError::InvalidKeys(p)) => {
+                out.push(135);
+                out.push(match p {
+                    KeyProblem::NoKeys => 0,
+                    KeyProblem::TooManyKeys => 1,
+                    KeyProblem::ShortSecret => 2,
+                    KeyProblem::LongSecret => 3,
+                    KeyProblem::DuplicateKeyId => 4,
+                });
+                continue;
+            }
+        };
         match outcome {
             Ok(Decision::Applied {
                 version,
