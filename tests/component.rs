@@ -47,19 +47,25 @@ fn component_imports_nothing() -> Result<()> {
     ensure!(
         exports
             == [
-                "fencecheck:fence/check@0.1.0",
-                "fencecheck:fence/lease@0.1.0",
-                "fencecheck:fence/types@0.1.0"
+                "fencecheck:fence/auth@0.1.1",
+                "fencecheck:fence/check@0.1.1",
+                "fencecheck:fence/lease@0.1.1",
+                "fencecheck:fence/types@0.1.1"
             ],
         "unexpected exports {exports:?}"
     );
     Ok(())
 }
 
-/// The component stays small (the aim: under 64 KiB).
+/// The component stays small: under 96 KiB. The budget was 64 KiB until
+/// signed tokens (0.1.1) took it from 62,968 to 87,972 bytes: SHA-256's
+/// unrolled compression alone is 7.9 KB of code, and the `auth` exports'
+/// glue, verification and signing most of the rest. The compact SHA-256
+/// would save about 6.5 KB at 1.6 times the fuel per verification
+/// (docs/signed-tokens.md); speed on the write path was chosen over size.
 #[test]
 fn component_is_small() {
-    assert!(COMPONENT.len() < 64 * 1024, "{} bytes", COMPONENT.len());
+    assert!(COMPONENT.len() < 96 * 1024, "{} bytes", COMPONENT.len());
 }
 
 /// A trapping guest (here: out of memory while receiving a batch) is reported

@@ -6,7 +6,7 @@
 //!
 //! The misbehaving component is built here, at test time (no committed
 //! binary): a core module written with wasm-encoder that exports exactly
-//! `fencecheck:fence/check@0.1.0` etc. with the signatures wit-parser derives
+//! `fencecheck:fence/check@<the WIT version>` etc. with the signatures wit-parser derives
 //! from `wit/`, given the WIT metadata and encoded by wit-component as the
 //! real guest is. It answers a normal request with a fixed `applied` and
 //! misbehaves only when the token's counter names a fault, so the call after
@@ -338,15 +338,16 @@ fn misbehaving_component() -> Result<Vec<u8>> {
                     },
                 )
             };
+            let check = format!("fencecheck:fence/check@{}", fencecheck::WIT_VERSION);
             let body = match (interface.as_str(), name.as_str()) {
-                ("fencecheck:fence/check@0.1.0", "check-packed") => {
+                (i, "check-packed") if i == check => {
                     ensure!(
                         params == i32s(2) && results == i32s(1),
                         "check-packed: {sig:?}"
                     );
                     check_packed_body()
                 }
-                ("fencecheck:fence/check@0.1.0", "check") => {
+                (i, "check") if i == check => {
                     ensure!(
                         params.len() == 14 && params[7] == ValType::I64 && results == i32s(1),
                         "check's flat signature changed: {sig:?}"
