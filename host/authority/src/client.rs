@@ -256,9 +256,12 @@ impl Lease {
     }
 
     /// The fence request for a protected write under this lease: scope and
-    /// token are explicit, never ambient.
+    /// token are explicit, never ambient; the grant's signature, if any,
+    /// travels with it.
     pub fn request(&self, policy: Policy) -> Request {
-        Request::new(self.grant.lock.clone(), self.grant.token, policy)
+        let mut request = Request::new(self.grant.lock.clone(), self.grant.token, policy);
+        request.signature = self.grant.signature.clone();
+        request
     }
 
     /// Run a protected write: `write` performs the resource's atomic

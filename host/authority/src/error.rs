@@ -45,6 +45,15 @@ pub enum AuthorityError {
         /// The coordinator's key prefix.
         prefix: String,
     },
+    /// A [`crate::SigningCoordinator`] cannot sign: its key or component is
+    /// unusable (refused at construction), or, after a grant was made, the
+    /// component refused to sign it (retry the acquire with the same lease
+    /// id: it returns that grant).
+    #[error("signing grants: {why}")]
+    Signing {
+        /// What is wrong (never the key's secret).
+        why: String,
+    },
     /// The component could not run (trapped, refused to load).
     #[error("fencecheck component: {0}")]
     Guest(#[from] fencecheck::Error),

@@ -23,6 +23,9 @@
 //! - [`migrate`], [`StoreUrl`], [`Migrated`]: move a lineage (the authority
 //!   id every token carries) with its locks to another store, sealing the
 //!   old one, so resources keep accepting the new store's grants.
+//! - [`SigningCoordinator`]: any coordinator whose grants carry the
+//!   authority's signature ([`Grant::signature`], [`Grant::token_text`]),
+//!   for resources that require signed tokens.
 //! - [`Client`], [`Lease`]: the client capability (scope, lease id, token, a
 //!   conservative local validity deadline) and protected-write outcomes.
 //! - [`AuthorityError`]: every infrastructure failure, kept apart from the
@@ -56,6 +59,7 @@ mod etcd;
 mod migrate;
 mod postgres;
 mod rules;
+mod signing;
 mod sqlite;
 
 pub use client::{AcquireResult, Client, DriftBound, Lease, WriteError, WriteOutcome};
@@ -66,9 +70,10 @@ pub use migrate::{
     EtcdAccess, Migrated, MigrationStep, StoreUrl, migrate, migrate_with, migrate_with_etcd,
 };
 pub use postgres::PostgresCoordinator;
+pub use signing::SigningCoordinator;
 pub use sqlite::SqliteCoordinator;
 
-use fencecheck::Token;
+use fencecheck::{GrantSignature, SignedTokenText, Token};
 
 /// A grant: what a successful acquisition returns.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -86,9 +91,22 @@ pub struct Grant {
     /// less than the ttl when an acquire retried with the same lease id got
     /// the original grant back.
     pub decided_at: u64,
+    /// The authority's signature of this grant, from a
+    /// [`SigningCoordinator`]; `None` from a plain coordinator. Resources
+    /// that require signed tokens for the lock's scope need it.
+    pub signature: Option<GrantSignature>,
 }
 
 impl Grant {
+    /// The token as a client presents it: `EPOCH.COUNTER`, with
+    /// `~KEY-ID~LEASE~TAG` appended when the grant is signed.
+    pub fn token_text(&self) -> SignedTokenText {
+        SignedTokenText {
+            token: self.token,
+            signature: self.signature.clone(),
+        }
+    }
+
     /// Milliseconds of the lease left on the coordinator's clock when it
     /// decided (at most the ttl asked for).
     pub fn remaining_ms(&self) -> u64 {

@@ -52,6 +52,7 @@ pub(crate) fn acquire(
                 token,
                 expires_at,
                 decided_at: read.now,
+                signature: None,
             }),
             Some(state),
         ),
