@@ -191,3 +191,30 @@ pub trait Coordinator: Send + Sync {
     /// may hold. Returns the new epoch floor.
     fn restore(&self, at_least: u64) -> Result<u64, AuthorityError>;
 }
+
+/// A boxed or shared coordinator is one (so a [`SigningCoordinator`] can wrap
+/// whichever store a program opened at run time).
+macro_rules! forward_coordinator {
+    ($($wrapper:ident),*) => {$(
+        impl<C: Coordinator + ?Sized> Coordinator for $wrapper<C> {
+            fn authority(&self) -> u64 {
+                (**self).authority()
+            }
+            fn acquire(&self, lock: &str, lease_id: &str, ttl_ms: u64) -> Result<AcquireOutcome, AuthorityError> {
+                (**self).acquire(lock, lease_id, ttl_ms)
+            }
+            fn renew(&self, lock: &str, lease_id: &str, token: Token, ttl_ms: u64) -> Result<RenewOutcome, AuthorityError> {
+                (**self).renew(lock, lease_id, token, ttl_ms)
+            }
+            fn release(&self, lock: &str, lease_id: &str, token: Token) -> Result<ReleaseOutcome, AuthorityError> {
+                (**self).release(lock, lease_id, token)
+            }
+            fn restore(&self, at_least: u64) -> Result<u64, AuthorityError> {
+                (**self).restore(at_least)
+            }
+        }
+    )*};
+}
+
+use std::sync::Arc;
+forward_coordinator!(Box, Arc);

@@ -10,8 +10,8 @@ use clap::{Args, Subcommand};
 use fencecheck::{Runtime, TokenText};
 use fencecheck_authority::{
     AcquireOutcome, Coordinator, EtcdAccess, EtcdCoordinator, EtcdCredentials, EtcdOptions,
-    EtcdTls, MigrationStep, PostgresCoordinator, ReleaseOutcome, RenewOutcome, SqliteCoordinator,
-    StoreUrl, SystemClock,
+    EtcdTls, MigrationStep, PostgresCoordinator, ReleaseOutcome, RenewOutcome, SigningCoordinator,
+    SqliteCoordinator, StoreUrl, SystemClock,
 };
 
 /// Where the coordinator keeps its leases: exactly one of `--db` (SQLite),
@@ -124,6 +124,11 @@ pub enum Authority {
         store: Store,
         #[command(flatten)]
         etcd: Box<EtcdFlags>,
+        /// Sign the grant with the one key in this file (`ID:HEX`, from
+        /// `fencecheck keygen`): the token printed is the signed text
+        /// `TOKEN~KEY-ID~LEASE~TAG`, for resources that require signatures.
+        #[arg(long, value_name = "FILE")]
+        signing_key: Option<PathBuf>,
         /// The lock (also the fencing scope).
         lock: String,
         /// This acquisition's unique id.
@@ -236,31 +241,51 @@ fn open(runtime: &Runtime, store: &Store, etcd: &EtcdFlags) -> Result<Box<dyn Co
     }
 }
 
+fn acquire(
+    coordinator: &dyn Coordinator,
+    lock: &str,
+    lease_id: &str,
+    ttl_ms: u64,
+) -> Result<ExitCode> {
+    match coordinator.acquire(lock, lease_id, ttl_ms)? {
+        AcquireOutcome::Acquired(grant) => {
+            println!(
+                "acquired {} lease {} token {} expires-at {}",
+                grant.lock,
+                grant.lease_id,
+                grant.token_text(),
+                grant.expires_at
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        AcquireOutcome::Busy { holder, expires_at } => {
+            println!("busy holder {holder} expires-at {expires_at}");
+            Ok(ExitCode::from(BUSY))
+        }
+    }
+}
+
 /// Run one authority command.
 pub fn run(runtime: &Runtime, command: Authority) -> Result<ExitCode> {
     match command {
         Authority::Acquire {
             store,
             etcd,
+            signing_key,
             lock,
             lease_id,
             ttl_ms,
-        } => match open(runtime, &store, &etcd)?.acquire(&lock, &lease_id, ttl_ms)? {
-            AcquireOutcome::Acquired(grant) => {
-                println!(
-                    "acquired {} lease {} token {} expires-at {}",
-                    grant.lock,
-                    grant.lease_id,
-                    TokenText(grant.token),
-                    grant.expires_at
-                );
-                Ok(ExitCode::SUCCESS)
-            }
-            AcquireOutcome::Busy { holder, expires_at } => {
-                println!("busy holder {holder} expires-at {expires_at}");
-                Ok(ExitCode::from(BUSY))
-            }
-        },
+        } => {
+            let coordinator = open(runtime, &store, &etcd)?;
+            let coordinator: Box<dyn Coordinator> = match signing_key {
+                Some(path) => {
+                    let key = crate::keys::read_signing_key(&path)?;
+                    Box::new(SigningCoordinator::new(coordinator, runtime, key)?)
+                }
+                None => coordinator,
+            };
+            acquire(coordinator.as_ref(), &lock, &lease_id, ttl_ms)
+        }
         Authority::Renew {
             store,
             etcd,

@@ -9,6 +9,7 @@ use fencecheck::{Checker, Limits, Native, Runtime};
 
 mod authority;
 mod demo;
+mod keys;
 mod trace;
 
 #[derive(Parser)]
@@ -65,6 +66,15 @@ enum Command {
     /// The SQLite lease coordinator: acquire, renew, release, restore.
     #[command(subcommand)]
     Authority(authority::Authority),
+    /// Print a new signing key (32 random bytes) as key text, `ID:HEX`.
+    Keygen {
+        /// The key's id: every signature names it.
+        #[arg(default_value_t = 1)]
+        id: u32,
+    },
+    /// The keys a SQLite resource's scopes require their tokens signed with.
+    #[command(subcommand)]
+    Keys(keys::Keys),
     /// Print a stored fence or lease state (hex) as JSON.
     Inspect {
         /// The state's bytes in hex.
@@ -147,6 +157,8 @@ fn run() -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Authority(command) => authority::run(&runtime(cli.component.as_ref())?, command),
+        Command::Keygen { id } => keys::keygen(id),
+        Command::Keys(command) => keys::run(command),
         Command::Inspect { hex } => {
             let bytes = hex::decode(hex.trim()).context("the state must be hex")?;
             let mut guest = runtime(cli.component.as_ref())?.instance()?;
