@@ -7,7 +7,7 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use anyhow::{Context, Result, ensure};
+use anyhow::{Context, Result};
 use clap::Subcommand;
 use fencecheck::{GrantKey, KeysText};
 
@@ -54,14 +54,9 @@ pub fn read_keys(path: &Path) -> Result<Vec<GrantKey>> {
 
 /// Read a key file that holds exactly one key (an authority signs with one).
 pub fn read_signing_key(path: &Path) -> Result<GrantKey> {
-    let mut keys = read_keys(path)?;
-    ensure!(
-        keys.len() == 1,
-        "the signing key file {} holds {} keys; an authority signs with one",
-        path.display(),
-        keys.len()
-    );
-    keys.pop().context("no key")
+    KeysText(read_keys(path)?)
+        .signing_key()
+        .with_context(|| format!("the signing key file {}", path.display()))
 }
 
 /// `keygen ID`: a new key of 32 random bytes, as key text.

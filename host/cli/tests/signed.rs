@@ -136,7 +136,7 @@ fn bad_key_files_are_refused() -> Result<()> {
     ])?;
     let err = String::from_utf8(out.stderr)?;
     ensure!(
-        out.status.code() == Some(1) && err.contains("holds 2 keys"),
+        out.status.code() == Some(1) && err.contains("2 keys; an authority signs with one"),
         "{err}"
     );
     ensure!(!err.contains(secret));

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use fencecheck::TokenText;
+use fencecheck::SignedTokenText;
 use fencecheck_authority::{
     AcquireOutcome, AuthorityError, Coordinator, ReleaseOutcome, RenewOutcome,
 };
@@ -68,10 +68,18 @@ struct Release {
     token: String,
 }
 
+/// The token of renew and release: as acquire returned it (signed or not;
+/// the coordinator matches the token, the signature has no say here).
 fn token(text: &str) -> Result<fencecheck::Token, LockReply> {
-    text.parse::<TokenText>()
-        .map(|t| t.0)
-        .map_err(|_| problem(400, "bad-request", "token must be AUTHORITY:EPOCH.COUNTER"))
+    text.parse::<SignedTokenText>()
+        .map(|t| t.token)
+        .map_err(|_| {
+            problem(
+                400,
+                "bad-request",
+                "token must be AUTHORITY:EPOCH.COUNTER (optionally ~KEY-ID~LEASE~TAG)",
+            )
+        })
 }
 
 fn failed(e: AuthorityError) -> LockReply {
@@ -108,7 +116,7 @@ pub fn handle(
                     json!({
                         "lock": g.lock,
                         "lease_id": g.lease_id,
-                        "token": TokenText(g.token).to_string(),
+                        "token": g.token_text().to_string(),
                         "expires_at": g.expires_at,
                         "decided_at": g.decided_at,
                     }),

@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
-use fencecheck_authority::{Coordinator, PostgresCoordinator, SqliteCoordinator, SystemClock};
+use fencecheck_authority::{
+    Coordinator, PostgresCoordinator, SigningCoordinator, SqliteCoordinator, SystemClock,
+};
 use fencecheck_gateway::{Blobs, Collector, Config, Gateway, Metrics, Reloader, Store, Upstream};
 use pingora::server::Server;
 use pingora::server::configuration::ServerConf;
@@ -56,6 +58,12 @@ struct Args {
     /// Seconds between collector passes.
     #[arg(long, default_value_t = 30)]
     gc_interval: u64,
+    /// Sign every grant of the lock endpoints with the one key in this file
+    /// (`ID:HEX`, from `fencecheck keygen`): acquire then returns the signed
+    /// token text, which keys that require signed tokens (the store's
+    /// `fencecheck_keys`, set with `fencecheck keys set`) accept.
+    #[arg(long, value_name = "FILE")]
+    signing_key: Option<PathBuf>,
     /// Worker threads for the HTTP service.
     #[arg(long, default_value_t = 2)]
     threads: usize,
@@ -73,6 +81,7 @@ fn main() -> anyhow::Result<()> {
     let runtime = fencecheck_gateway::vetted(args.component.as_deref())
         .map_err(|e| anyhow::anyhow!("refusing the component: {e}"))?;
     let component_version = runtime.component_version().to_string();
+    let runtime_for_signing = runtime.clone();
     tracing::info!(version = %component_version, "component loaded");
     std::fs::create_dir_all(&args.data)
         .with_context(|| format!("creating {}", args.data.display()))?;
@@ -96,6 +105,21 @@ fn main() -> anyhow::Result<()> {
             ),
             Store::open_postgres(url, runtime).context("opening the PostgreSQL store")?,
         ),
+    };
+    let coordinator: Arc<dyn Coordinator> = match &args.signing_key {
+        None => coordinator,
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading the signing key {}", path.display()))?;
+            let key = text
+                .parse::<fencecheck::KeysText>()
+                .and_then(fencecheck::KeysText::signing_key)
+                .with_context(|| format!("the signing key {}", path.display()))?;
+            let signer = SigningCoordinator::new(coordinator, &runtime_for_signing, key)
+                .context("signing grants")?;
+            tracing::info!(key_id = signer.key_id(), "lock grants are signed");
+            Arc::new(signer)
+        }
     };
     let store = Arc::new(store);
 

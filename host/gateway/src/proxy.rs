@@ -6,7 +6,10 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use fencecheck::{CheckError, Decision, MAX_OP_ID_BYTES, Policy, Request, Token, TokenText};
+use fencecheck::{
+    CheckError, Decision, MAX_OP_ID_BYTES, Policy, Request, SignedCheckError, SignedTokenText,
+    Token, TokenText,
+};
 use fencecheck_sqlite::{Fenced, ObjectId, Rejection};
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::prelude::HttpPeer;
@@ -169,14 +172,16 @@ fn fence_request(req: &RequestHeader, key: &str) -> Result<Request, Reply> {
     if tokens.next().is_some() {
         return Err(Reply::bad_request("more than one Fence-Token header"));
     }
-    let token = raw
+    let presented = raw
         .to_str()
         .ok()
-        .and_then(|t| t.trim().parse::<TokenText>().ok())
+        .and_then(|t| t.trim().parse::<SignedTokenText>().ok())
         .ok_or_else(|| {
-            Reply::bad_request("Fence-Token must be EPOCH.COUNTER or AUTHORITY:EPOCH.COUNTER")
-        })?
-        .0;
+            Reply::bad_request(
+                "Fence-Token must be EPOCH.COUNTER or AUTHORITY:EPOCH.COUNTER, signed: TOKEN~KEY-ID~LEASE~TAG",
+            )
+        })?;
+    let token = presented.token;
     let op_id = match req.headers.get("idempotency-key") {
         None => None,
         Some(v) => match v.to_str() {
@@ -207,6 +212,7 @@ fn fence_request(req: &RequestHeader, key: &str) -> Result<Request, Reply> {
         Policy::Strict
     };
     let mut request = Request::new(key, token, policy);
+    request.signature = presented.signature;
     if let Some(op_id) = op_id {
         request = request.with_op_id(op_id);
     }
@@ -268,7 +274,7 @@ fn refused(e: &CheckError) -> Reply {
 
 /// Decision of the early check as a rejection, if it is one worth stopping
 /// the upload for: only stale (it can never become fresh again).
-fn early_stop(outcome: &fencecheck::Outcome) -> Option<Reply> {
+fn early_stop(outcome: &fencecheck::SignedOutcome) -> Option<Reply> {
     match outcome {
         Ok(Decision::StaleFence { presented, highest }) => Some(rejection(
             &Rejection::StaleFence {
@@ -277,7 +283,12 @@ fn early_stop(outcome: &fencecheck::Outcome) -> Option<Reply> {
             },
             "",
         )),
-        Err(e) => Some(refused(e)),
+        Err(SignedCheckError::Check(e)) => Some(refused(e)),
+        // An unauthenticated token never passes: refused before the upload.
+        Err(SignedCheckError::Unauthenticated(f)) => {
+            Some(rejection(&Rejection::Unauthenticated(*f), ""))
+        }
+        Err(SignedCheckError::InvalidKeys(p)) => Some(rejection(&Rejection::InvalidKeys(*p), "")),
         _ => None,
     }
 }

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
-use fencecheck::{Instance, Outcome, Request, Runtime};
+use fencecheck::{Checker, Instance, Request, Runtime, SignedOutcome};
 use fencecheck_sqlite::{Fenced, ObjectId, collect_garbage, discard, publish, stage, visible};
 use rusqlite::{Connection, OptionalExtension};
 
@@ -198,13 +198,19 @@ impl Store {
     /// The early check: decide `request` against the current state without
     /// storing anything, and say whether the key has a visible body. Saves an
     /// upload that is stale already; the publish decides again.
-    pub fn early(&self, request: &Request) -> Result<(Outcome, bool), Error> {
+    pub fn early(&self, request: &Request) -> Result<(SignedOutcome, bool), Error> {
         self.with(|conn, guest| {
-            let state = match conn {
-                Conn::Sqlite(c) => fencecheck_sqlite::stored_state(c, &request.scope)?,
-                Conn::Postgres(c) => fencecheck_postgres::stored_state(c, &request.scope)?,
+            let (state, keys) = match conn {
+                Conn::Sqlite(c) => (
+                    fencecheck_sqlite::stored_state(c, &request.scope)?,
+                    fencecheck_sqlite::scope_keys(c, &request.scope)?,
+                ),
+                Conn::Postgres(c) => (
+                    fencecheck_postgres::stored_state(c, &request.scope)?,
+                    fencecheck_postgres::scope_keys(c.as_mut(), &request.scope)?,
+                ),
             };
-            let outcome = guest.check(state.as_deref(), request)?;
+            let outcome = guest.decide(state.as_deref(), request, keys.as_deref())?;
             let exists = current(conn, &request.scope)?.is_some_and(|c| c.kind == Kind::Blob);
             Ok((outcome, exists))
         })

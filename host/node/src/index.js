@@ -3,20 +3,28 @@
 // (`npm run build` writes gen/). Types: index.d.ts.
 //
 // Decisions are values ({outcome: 'applied' | 'duplicate' | 'stale-fence' |
-// 'version-conflict', ...}); a refusal (bad request, damaged state) throws a
-// FenceError; a failure of the component itself throws a HostError. Only a
-// HostError may be retried: a stale-fence is final for its grant.
+// 'version-conflict', ...}); a refusal (bad request, damaged state, on a
+// scope that requires signed tokens an unauthenticated token or an unusable
+// key set) throws a FenceError; a failure of the component itself throws a
+// HostError. Only a HostError may be retried: a stale-fence is final for its
+// grant.
 
 import { readFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 import { dirname, join } from 'node:path';
-import { instantiate } from '../gen/fencecheck.js';
+import { pathToFileURL } from 'node:url';
+import * as generated from '../gen/fencecheck.js';
 import { decode as decodePacked, encode as encodePacked } from './packed.js';
 import { WIT_VERSION, coreInterfaces, supported, vet } from './version.js';
 
 const GEN = join(dirname(fileURLToPath(import.meta.url)), '..', 'gen');
 export const U64_MAX = (1n << 64n) - 1n;
+const U32_MAX = 0xffffffff;
 export { WIT_VERSION };
+export {
+  parseToken, formatToken, parseSignedToken, formatSignedToken, parseKeys, formatKeys, signingKey, keyProblem,
+  MAX_KEYS, MIN_SECRET_BYTES, MAX_SECRET_BYTES,
+} from './text.js';
 
 /** Base of every error this package throws on purpose. */
 export class FencecheckError extends Error {
@@ -27,7 +35,10 @@ export class FencecheckError extends Error {
  * The check could not decide; nothing may change. Deterministic, so never
  * retryable. `code` is the WIT case (`invalid-request`, `corrupt-state`,
  * `unsupported-state-version`, `scope-mismatch`, `foreign-authority`,
- * `exhausted`); `reason` its sub-case (`missing-token`, ...) or undefined;
+ * `exhausted`; from checkSigned also `unauthenticated`, reason an
+ * `auth-failure`: the token is not proven to come from its authority, and
+ * `invalid-keys`, reason a `key-problem`: the scope's key set is unusable);
+ * `reason` its sub-case (`missing-token`, `bad-signature`, ...) or undefined;
  * `detail` the case's payload, if any.
  */
 export class FenceError extends FencecheckError {
@@ -53,6 +64,38 @@ export class LeaseError extends FencecheckError {
     this.reason = reason;
     this.detail = detail;
     this.retryable = false;
+  }
+}
+
+/**
+ * `sign` could not sign the grant (`code`: `empty-scope`, `scope-too-long`,
+ * `missing-token`, `empty-lease-id`, `lease-id-too-long`, `invalid-key` with
+ * `reason` its `key-problem`). Never retryable.
+ */
+export class SignError extends FencecheckError {
+  constructor(code, reason) {
+    super(code + (reason ? ` (${reason})` : ''));
+    Object.assign(this, { code, reason, retryable: false });
+  }
+}
+
+/** Text that is not a token (parseToken, parseSignedToken); `text`: the first 64 characters. */
+export class TokenTextError extends FencecheckError {
+  constructor(text) {
+    super(`invalid token ${JSON.stringify(text)}: expected EPOCH.COUNTER or AUTHORITY:EPOCH.COUNTER (decimal u64), signed: TOKEN~KEY-ID~LEASE~TAG (base64url)`);
+    this.text = text;
+  }
+}
+
+/**
+ * A key set that is not usable (parseKeys, setKeys): `reason` is the bad
+ * entry's position (`entry 2 is not KEY-ID:SECRET-HEX`) or the set's
+ * `key-problem` (`short-secret`, ...). The message never contains a secret.
+ */
+export class KeySetError extends FencecheckError {
+  constructor(reason) {
+    super(`invalid key set: ${reason}`);
+    this.reason = reason;
   }
 }
 
@@ -82,6 +125,18 @@ export class UnsupportedComponent extends ComponentLoadError {
   constructor(found, supportedVersions = supported()) {
     super(`component exports ${found}; this host supports ${supportedVersions}`);
     Object.assign(this, { found, supported: supportedVersions });
+  }
+}
+
+/**
+ * The loaded component is of a supported version but older than a feature
+ * this call needs (signed tokens need 0.1.1). Nothing was sent to the guest;
+ * every other call works. Not retryable: load a newer component.
+ */
+export class UnsupportedFeature extends HostError {
+  constructor(feature, version, since) {
+    super(`the loaded component (fencecheck:fence@${version}) has no ${feature}: that needs ${since} or later`);
+    Object.assign(this, { feature, version, since, retryable: false });
   }
 }
 
@@ -136,6 +191,18 @@ function utf8(value, what) {
   return value;
 }
 
+function u32(value, what) {
+  if (!Number.isInteger(value) || value < 0 || value > U32_MAX) {
+    throw new RangeError(`${what} must be an integer in 0..=2^32-1 (number), got ${String(value)}`);
+  }
+  return value;
+}
+
+function bytes(value, what) {
+  if (!(value instanceof Uint8Array)) throw new TypeError(`${what} must be a Uint8Array`);
+  return value;
+}
+
 function bytesOrNull(state) {
   if (state === null || state === undefined) return undefined;
   if (!(state instanceof Uint8Array)) throw new TypeError('state must be a Uint8Array, null or undefined');
@@ -162,12 +229,34 @@ function lowerRequest(r) {
     policy,
     opId: r.opId === undefined || r.opId === null ? undefined : utf8(r.opId, 'opId'),
     expectedVersion: r.expectedVersion === undefined || r.expectedVersion === null ? undefined : u64(r.expectedVersion, 'expectedVersion'),
+    // Checked here even where it is ignored (plain `check`): a malformed value is a bug.
+    signature: lowerSignature(r.signature),
   };
 }
 
-function requestBytes(state, r) {
+function lowerSignature(s) {
+  if (s === undefined || s === null) return undefined;
+  if (typeof s !== 'object') throw new TypeError('signature must be {keyId, leaseId, tag}');
+  return { keyId: u32(s.keyId, 'signature.keyId'), leaseId: utf8(s.leaseId, 'signature.leaseId'), tag: bytes(s.tag, 'signature.tag') };
+}
+
+// Only the shape: whether the set is usable is the component's decision (`invalid-keys`).
+function lowerKeys(keys) {
+  if (!Array.isArray(keys)) throw new TypeError('keys must be an array of {keyId, secret}');
+  return keys.map((k, i) => {
+    if (k === null || typeof k !== 'object') throw new TypeError(`keys[${i}] must be {keyId, secret}`);
+    return { keyId: u32(k.keyId, `keys[${i}].keyId`), secret: bytes(k.secret, `keys[${i}].secret`) };
+  });
+}
+
+function requestBytes(state, r, keys) {
   // UTF-16 length * 3 bounds the UTF-8 length: cheap and conservative.
-  return (state?.length ?? 0) + r.scope.length * 3 + (r.opId?.length ?? 0) * 3;
+  let size = (state?.length ?? 0) + r.scope.length * 3 + (r.opId?.length ?? 0) * 3;
+  if (keys) {
+    for (const k of keys) size += 5 + k.secret.length;
+    if (r.signature) size += r.signature.leaseId.length * 3 + r.signature.tag.length;
+  }
+  return size;
 }
 
 // -- lifting: jco's {tag, val} shapes into this package's values
@@ -184,6 +273,10 @@ function decision(d) {
 
 const CHECK_ERRORS = new Set(['invalid-request', 'corrupt-state', 'unsupported-state-version', 'scope-mismatch', 'foreign-authority', 'exhausted']);
 const LEASE_ERRORS = new Set(['invalid-request', 'corrupt-state', 'unsupported-state-version', 'lock-mismatch', 'foreign-authority', 'exhausted']);
+// Case order of the `auth` enums (packed.js encodes their indexes).
+export const AUTH_FAILURES = Object.freeze(['unsigned', 'unknown-key', 'malformed-signature', 'bad-signature']);
+export const KEY_PROBLEMS = Object.freeze(['no-keys', 'too-many-keys', 'short-secret', 'long-secret', 'duplicate-key-id']);
+const SIGN_ERRORS = new Set(['empty-scope', 'scope-too-long', 'missing-token', 'empty-lease-id', 'lease-id-too-long', 'invalid-key']);
 
 // A case outside the contract is a bug in the guest or the bindings: a
 // HostError, never turned into a refusal with a made-up code.
@@ -201,6 +294,29 @@ function checkError(e, Kind = FenceError) {
   }
 }
 
+// auth.check-signed's error: a check error as `check` reports it, or the
+// two refusals of a scope that requires signed tokens.
+function signedCheckError(e) {
+  switch (e?.tag) {
+    case 'check': return checkError(e.val);
+    case 'unauthenticated':
+      if (AUTH_FAILURES.includes(e.val)) return new FenceError(e.tag, e.val);
+      break;
+    case 'invalid-keys':
+      if (KEY_PROBLEMS.includes(e.val)) return new FenceError(e.tag, e.val);
+      break;
+    default:
+  }
+  throw new HostError(`unknown signed-check-error ${String(e?.tag)} ${String(e?.val ?? '')}`.trim());
+}
+
+function signError(e) {
+  if (!SIGN_ERRORS.has(e?.tag) || (e.tag === 'invalid-key') !== KEY_PROBLEMS.includes(e.val)) {
+    throw new HostError(`unknown sign-error ${String(e?.tag)}`);
+  }
+  return new SignError(e.tag, e.val);
+}
+
 // A lease export's ok variant as this package's outcome; an unknown case is a
 // HostError, never a guessed `busy` / `lost` / `not-owner`.
 function leaseOutcome(call, o) {
@@ -216,25 +332,34 @@ function leaseOutcome(call, o) {
 }
 
 /** Internal: the result lifting, exported for tests only. */
-export const _lift = Object.freeze({ decision, checkError, leaseOutcome });
+export const _lift = Object.freeze({ decision, checkError, leaseOutcome, signedCheckError, signError });
 
 /** Bounds on every instance (no fuel: V8 cannot meter a synchronous call). */
 export const DEFAULT_LIMITS = Object.freeze({ callBytes: 16 << 20 });
 
 /**
  * The compiled component: one per process. `new Runtime()` loads the
- * transpiled component in gen/ (built by `npm run build`).
+ * transpiled component in gen/ (built by `npm run build`);
+ * `await Runtime.load(dir)` another one, transpiled the same way into `dir`
+ * (e.g. the previous release during a rolling upgrade).
  */
 export class Runtime {
   // `instantiateCore(module, imports)` replaces `new WebAssembly.Instance`
   // (jco's hook): for wrapping or fault injection; most callers leave it out.
-  constructor({ dir = GEN, limits = DEFAULT_LIMITS, instantiateCore } = {}) {
+  // `glue`: the transpiled JavaScript module (its `instantiate`) that goes
+  // with the core modules in `dir`; default the package's gen/fencecheck.js.
+  constructor({ dir = GEN, limits = DEFAULT_LIMITS, instantiateCore, glue = generated, glueName = 'gen/fencecheck.js' } = {}) {
+    if (typeof glue?.instantiate !== 'function') throw new TypeError('glue must be a transpiled module with an `instantiate` function');
     this.limits = { ...DEFAULT_LIMITS, ...limits };
     this.instantiateCore = instantiateCore;
+    this.glue = glue;
+    this.glueName = glueName;
     this.modules = new Map();
     this.dir = dir;
-    /** The loaded component's WIT package version (`0.1.0`), set at load. */
+    /** The loaded component's WIT package version (`0.1.1`), set at load. */
     this.componentVersion = undefined;
+    /** Whether it has signed tokens (the `auth` interface, new in 0.1.1), set at load. */
+    this.supportsSigning = undefined;
     this.coreVersion = undefined;
     // Compile eagerly, so a missing or broken build fails here, not mid-transaction.
     this.instance();
@@ -269,6 +394,23 @@ export class Runtime {
   instance() {
     return new Instance(this);
   }
+
+  /**
+   * A runtime for the component transpiled into `dir` (`jco transpile
+   * COMPONENT.wasm --out-dir DIR --name fencecheck --instantiation sync
+   * --no-nodejs-compat`, as `npm run build` does): imports its glue,
+   * `DIR/fencecheck.js`, then loads as the constructor does.
+   */
+  static async load(dir, options = {}) {
+    const path = join(dir, 'fencecheck.js');
+    let glue;
+    try {
+      glue = await import(pathToFileURL(path).href);
+    } catch (cause) {
+      throw new ComponentLoadError(`loading ${path}: ${cause.message}`, { cause });
+    }
+    return new Runtime({ ...options, dir, glue, glueName: path });
+  }
 }
 
 let defaultRuntime;
@@ -297,7 +439,7 @@ export class Instance {
   #instantiate() {
     let root;
     try {
-      root = instantiate((path) => this.runtime.coreModule(path), {}, this.runtime.instantiateCore);
+      root = this.runtime.glue.instantiate((path) => this.runtime.coreModule(path), {}, this.runtime.instantiateCore);
     } catch (cause) {
       if (cause instanceof FencecheckError) throw cause;
       throw new ComponentLoadError(`instantiating the fencecheck component: ${cause.message}`, { cause });
@@ -309,15 +451,27 @@ export class Instance {
     if (rt.coreVersion !== v.version) {
       throw new ComponentLoadError(
         `the core modules in ${rt.dir} implement fencecheck:fence@${rt.coreVersion ?? '(none)'}, `
-        + `but the transpiled glue (gen/fencecheck.js) calls ${v.check}; rebuild gen/ with \`npm run build\``,
+        + `but the transpiled glue (${rt.glueName}) calls ${v.check}; rebuild gen/ with \`npm run build\``,
       );
     }
     const check = root[v.check];
     if (!check || ['check', 'checkBatch', 'checkPacked'].some((f) => typeof check[f] !== 'function')) {
       throw new ComponentLoadError(`the component does not export ${v.check}`);
     }
+    // `auth` is new in 0.1.1: without it only the signed calls are refused.
+    const auth = root[v.auth];
+    if (auth !== undefined && ['checkSigned', 'sign', 'grantMessage'].some((f) => typeof auth[f] !== 'function')) {
+      throw new ComponentLoadError(`the component's ${v.auth} lacks check-signed, sign or grant-message`);
+    }
     rt.componentVersion = v.version;
-    this.#exports = { check, lease: root[v.lease] };
+    rt.supportsSigning = auth !== undefined;
+    this.#exports = { check, lease: root[v.lease], auth };
+  }
+
+  // Signed tokens need the `auth` interface (0.1.1 or later).
+  #auth() {
+    if (!this.#exports.auth) throw new UnsupportedFeature('signed tokens', this.runtime.componentVersion, '0.1.1');
+    return this.#exports.auth;
   }
 
   #bound(call, size) {
@@ -340,7 +494,9 @@ export class Instance {
   /**
    * Decide one request against a scope's stored state (`null`: the scope
    * never accepted a token). Returns the decision; throws FenceError when the
-   * check cannot decide, HostError when the component cannot run.
+   * check cannot decide, HostError when the component cannot run. The scope
+   * is taken not to require signed tokens: `request.signature`, if any, is
+   * ignored (checkSigned verifies it).
    */
   check(state, request) {
     const s = bytesOrNull(state);
@@ -355,9 +511,65 @@ export class Instance {
   }
 
   /**
+   * check for a scope that requires signed tokens, verified with `keys` (the
+   * scope's key set, `[{keyId, secret}]`): the component validates the
+   * request, then the key set (FenceError `invalid-keys`), then
+   * `request.signature` (FenceError `unauthenticated`: `unsigned`,
+   * `unknown-key`, `malformed-signature`, `bad-signature`), and only then
+   * reads the state. Crosses as the typed `auth.check-signed`; checkBatch
+   * with keys crosses as check-packed. Throws UnsupportedFeature if the
+   * loaded component predates signed tokens (0.1.0).
+   */
+  checkSigned(state, request, keys) {
+    const auth = this.#auth();
+    const s = bytesOrNull(state);
+    const r = lowerRequest(request);
+    const k = lowerKeys(keys);
+    this.#bound('check-signed', requestBytes(s, r, k));
+    try {
+      return decision(this.#call('check-signed', () => auth.checkSigned(s, r, r.signature, k)));
+    } catch (e) {
+      if (e?.constructor?.name === 'ComponentError') throw signedCheckError(e.payload);
+      throw e;
+    }
+  }
+
+  /**
+   * Sign the grant of `token` to `leaseId` for `scope` (the lock's name: a
+   * signed token is valid only on that scope) with `key` (`{keyId, secret}`):
+   * the signature `{keyId, leaseId, tag}` the authority hands out with the
+   * token. Throws SignError when it cannot sign, UnsupportedFeature before 0.1.1.
+   */
+  sign(scope, token, leaseId, key) {
+    const auth = this.#auth();
+    const args = [utf8(scope, 'scope'), lowerToken(token), utf8(leaseId, 'leaseId'), lowerKeys([key])[0]];
+    this.#bound('sign', (scope.length + leaseId.length) * 3 + args[3].secret.length);
+    try {
+      const sig = this.#call('sign', () => auth.sign(...args));
+      return { keyId: sig.keyId, leaseId: sig.leaseId, tag: sig.tag };
+    } catch (e) {
+      if (e?.constructor?.name === 'ComponentError') throw signError(e.payload);
+      throw e;
+    }
+  }
+
+  /**
+   * The bytes a signature's tag is the HMAC-SHA256 of (wit/fence.wit,
+   * `grant-message`), for signers outside the component.
+   */
+  grantMessage(scope, token, keyId, leaseId) {
+    const auth = this.#auth();
+    const args = [utf8(scope, 'scope'), lowerToken(token), u32(keyId, 'keyId'), utf8(leaseId, 'leaseId')];
+    this.#bound('grant-message', (scope.length + leaseId.length) * 3);
+    return this.#call('grant-message', () => auth.grantMessage(...args));
+  }
+
+  /**
    * Decide independent [state, request] pairs in one call. Results are in
    * input order; a FenceError is returned in place (not thrown), so one bad
-   * item does not hide the others' decisions.
+   * item does not hide the others' decisions. An item `[state, request,
+   * keys]` is on a scope that requires signed tokens: decided as checkSigned
+   * would (keys null or undefined: as check, its signature ignored).
    *
    * The pairs cross as one byte array each way (`check-packed`). If either
    * side of that encoding is malformed (a bug, not an outcome), this throws
@@ -365,12 +577,13 @@ export class Instance {
    */
   checkBatch(items) {
     const lowered = this.#lowerBatch(items, 'check-packed');
+    if (lowered.some((i) => i.keys)) this.#auth();
     const out = this._checkPacked(encodePacked(lowered));
     if (typeof out === 'string') {
       throw new PackedFormatError('input', `batch-error \`${out}\` for ${lowered.length} items`);
     }
     try {
-      return decodePacked(out, lowered.length);
+      return decodePacked(out, lowered.map((i) => i.keys !== undefined));
     } catch (e) {
       if (e instanceof PackedFormatError) this.#instantiate(); // a guest that wrote garbage is not trusted again
       throw e;
@@ -391,12 +604,16 @@ export class Instance {
   }
 
   #lowerBatch(items, call) {
+    if (!Array.isArray(items)) throw new TypeError('items must be an array of [state, request, keys?]');
     let size = 0;
-    const lowered = items.map(([state, request]) => {
+    const lowered = items.map((item) => {
+      if (!Array.isArray(item)) throw new TypeError('a batch item must be [state, request] or [state, request, keys]');
+      const [state, request, keys] = item;
       const s = bytesOrNull(state);
       const r = lowerRequest(request);
-      size += requestBytes(s, r);
-      return { state: s, request: r };
+      const k = keys === undefined || keys === null ? undefined : lowerKeys(keys);
+      size += requestBytes(s, r, k);
+      return { state: s, request: r, keys: k };
     });
     this.#bound(call, size);
     return lowered;
@@ -408,6 +625,7 @@ export class Instance {
    */
   _checkBatchTyped(items) {
     const lowered = this.#lowerBatch(items, 'check-batch');
+    if (lowered.some((i) => i.keys)) throw new TypeError('the typed check-batch has no keys: use checkSigned per item');
     const results = this.#call('check-batch', () => this.#exports.check.checkBatch(lowered));
     if (results.length !== items.length) {
       throw new GuestTrapped('check-batch', new Error(`returned ${results.length} results for ${items.length} items`));

@@ -5,20 +5,23 @@
 //
 // Decoding is strict: anything off the format (unknown tag or sub-case,
 // truncation, trailing bytes, a count other than the number of items sent, a
-// scope that is not UTF-8) throws PackedFormatError and no decision of the
-// batch is returned. Guessing an outcome from bytes that do not parse would be
-// worse than no outcome.
+// scope that is not UTF-8, an `unauthenticated` or `invalid-keys` for an item
+// sent without keys) throws PackedFormatError and no decision of the batch is
+// returned. Guessing an outcome from bytes that do not parse would be worse
+// than no outcome.
 //
 // (index.js imports this module and this one imports index.js's error classes;
 // they are used only inside functions, so the cycle is harmless.)
 
-import { FenceError, PackedFormatError } from './index.js';
+import { AUTH_FAILURES, FenceError, KEY_PROBLEMS, MAX_KEYS, PackedFormatError } from './index.js';
 
-// Input flags (bits 4-7 must be zero).
+// Input flags (bits 6-7 must be zero; 4 and 5 are new in 0.1.1).
 export const STATE = 1;
 export const OP_ID = 2;
 export const EXPECTED = 4;
 export const ALLOW_EQUAL = 8;
+export const KEYS = 16;
+export const SIGNATURE = 32;
 
 // Case indexes of the WIT enums, in declaration order.
 export const INVALID_REASONS = Object.freeze(['missing-token', 'empty-scope', 'scope-too-long', 'empty-op-id', 'op-id-too-long', 'equal-token-unguarded']);
@@ -49,27 +52,44 @@ function writeText(buf, dv, o, s) {
   return o + 4 + written;
 }
 
+// A u8-length field: the format cannot carry more than 255 bytes, so a longer
+// secret or tag is cut to its first 255, which the guest judges the same way
+// (`long-secret`; a tag that is not 32 bytes is `malformed-signature`).
+function writeShort(buf, o, bytes) {
+  const b = bytes.length > 255 ? bytes.subarray(0, 255) : bytes;
+  buf[o] = b.length;
+  buf.set(b, o + 1);
+  return o + 1 + b.length;
+}
+
 /**
- * Encode validated items (`{state: Uint8Array | undefined, request}` with the
- * request as index.js lowers it: BigInt token fields, `opId` and
- * `expectedVersion` undefined when absent) into one batch.
+ * Encode validated items (`{state: Uint8Array | undefined, request, keys}`
+ * with the request as index.js lowers it: BigInt token fields, `opId`,
+ * `expectedVersion` and `signature` undefined when absent; `keys` an array of
+ * `{keyId, secret}` for a scope that requires signed tokens, else undefined,
+ * and then the signature is not sent) into one batch.
  */
 export function encode(items) {
   // Upper bound on the size: a UTF-16 length * 3 bounds its UTF-8 length.
   let capacity = 4;
-  for (const { state, request: r } of items) {
+  for (const { state, request: r, keys } of items) {
     capacity += 45 + r.scope.length * 3 + (r.opId === undefined ? 0 : 4 + r.opId.length * 3) + (state === undefined ? 0 : 4 + state.length);
+    if (keys !== undefined) {
+      capacity += 1 + keys.reduce((n, k) => n + 5 + k.secret.length, 0);
+      if (r.signature !== undefined) capacity += 9 + r.signature.leaseId.length * 3 + r.signature.tag.length;
+    }
   }
   const buf = new Uint8Array(capacity);
   const dv = new DataView(buf.buffer);
   dv.setUint32(0, items.length, true);
   let o = 4;
-  for (const { state, request: r } of items) {
+  for (const { state, request: r, keys } of items) {
     const t = r.token;
     let flags = r.policy === 'allow-equal' ? ALLOW_EQUAL : 0;
     if (state !== undefined) flags |= STATE;
     if (r.opId !== undefined) flags |= OP_ID;
     if (r.expectedVersion !== undefined) flags |= EXPECTED;
+    if (keys !== undefined) flags |= r.signature === undefined ? KEYS : KEYS | SIGNATURE;
     buf[o] = flags;
     dv.setBigUint64(o + 1, t.authority, true);
     dv.setBigUint64(o + 9, t.epoch, true);
@@ -86,16 +106,37 @@ export function encode(items) {
       buf.set(state, o + 4);
       o += 4 + state.length;
     }
+    if (keys !== undefined) {
+      // More than 255 keys cannot be counted in a u8: the first MAX_KEYS + 1
+      // are refused as `too-many-keys` all the same (checked before any key).
+      const sent = keys.length > 255 ? keys.slice(0, MAX_KEYS + 1) : keys;
+      buf[o] = sent.length;
+      o += 1;
+      for (const k of sent) {
+        dv.setUint32(o, k.keyId, true);
+        o = writeShort(buf, o + 4, k.secret);
+      }
+      const sig = r.signature;
+      if (sig !== undefined) {
+        dv.setUint32(o, sig.keyId, true);
+        o = writeText(buf, dv, o + 4, sig.leaseId);
+        o = writeShort(buf, o, sig.tag);
+      }
+    }
   }
   return buf.subarray(0, o);
 }
 
 /**
- * Decode the guest's output for a batch of `expected` items: decisions and
- * FenceErrors in order, exactly as `check` would return or throw them.
- * Throws PackedFormatError (never a guessed outcome) if `out` is off the format.
+ * Decode the guest's output for a batch of `expected` items (a count, or per
+ * item whether it was sent with keys): decisions and FenceErrors in order,
+ * exactly as `check` (`checkSigned` for items with keys) would return or
+ * throw them. Throws PackedFormatError (never a guessed outcome) if `out` is
+ * off the format.
  */
-export function decode(out, expected) {
+export function decode(out, items) {
+  const expected = typeof items === 'number' ? items : items.length;
+  const signed = (i) => typeof items !== 'number' && items[i];
   const end = out.byteLength;
   const dv = new DataView(out.buffer, out.byteOffset, end);
   let o = 0;
@@ -183,6 +224,14 @@ export function decode(out, expected) {
         break;
       case 133:
         results[i] = new FenceError('exhausted');
+        break;
+      case 134:
+      case 135:
+        if (!signed(i)) throw new PackedFormatError('output', `tag ${tag} for an item sent without keys`);
+        need(1, tag === 134 ? 'an unauthenticated' : 'an invalid-keys');
+        results[i] = tag === 134
+          ? new FenceError('unauthenticated', caseOf(AUTH_FAILURES, 'auth-failure'))
+          : new FenceError('invalid-keys', caseOf(KEY_PROBLEMS, 'key-problem'));
         break;
       default:
         throw new PackedFormatError('output', `unknown tag ${tag} at byte ${o - 1}`);

@@ -5,12 +5,14 @@
 // names (`fencecheck:fence/check@0.1.0`). This package was written against
 // WIT_VERSION (the `package fencecheck:fence@…;` line of wit/fence.wit;
 // test/version.test.mjs keeps the two equal) and runs a component only if its
-// exports carry a semver-compatible version: for 0.x the same major and minor,
-// at least the same patch. Anything else has another contract and is refused
-// at load.
+// exports carry a version of the same release line: for 0.x the same major
+// and minor, any patch, older or newer. Anything else has another contract and
+// is refused at load. Within a line versions only add (0.1.1 added
+// `fencecheck:fence/auth`): a call that needs what an older component lacks
+// throws UnsupportedFeature, and every other call works.
 
 export const WIT_PACKAGE = 'fencecheck:fence';
-export const WIT_VERSION = '0.1.0';
+export const WIT_VERSION = '0.1.1';
 
 // MAJOR.MINOR.PATCH, no leading zeros, no pre-release or build tag.
 const SEMVER = /^(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)$/;
@@ -20,24 +22,18 @@ function parse(text) {
   return m ? [BigInt(m[1]), BigInt(m[2]), BigInt(m[3])] : null;
 }
 
-function notOlder(a, b) {
-  for (let i = 0; i < 3; i++) if (a[i] !== b[i]) return a[i] > b[i];
-  return true;
-}
-
 /** The versions this package runs, e.g. `fencecheck:fence@0.1.x`. */
 export function supported() {
   const built = parse(WIT_VERSION);
   if (!built) return `${WIT_PACKAGE}@${WIT_VERSION}`;
-  const [major, minor, patch] = built;
-  const line = major === 0n ? `0.${minor}.x` : `${major}.x`;
-  const floor = major === 0n ? patch !== 0n : minor !== 0n || patch !== 0n;
-  return `${WIT_PACKAGE}@${line}${floor ? ` from ${WIT_VERSION}` : ''}`;
+  const [major, minor] = built;
+  return `${WIT_PACKAGE}@${major === 0n ? `0.${minor}.x` : `${major}.x`}`;
 }
 
 /**
  * The component whose top-level export (interface) names are `names`, if this
- * package runs it: `{ version, check, lease }` (the full interface names).
+ * package runs it: `{ version, check, lease, auth }` (the full interface
+ * names; `auth` is absent from components before 0.1.1).
  * Otherwise `{ found }`: what it exports, for the refusal.
  */
 export function vet(names) {
@@ -66,8 +62,8 @@ export function vet(names) {
   const found = parse(version);
   const built = parse(WIT_VERSION);
   const sameLine = found && built && (built[0] === 0n ? found[0] === 0n && found[1] === built[1] : found[0] === built[0]);
-  if (!sameLine || !notOlder(found, built)) return { found: checkName };
-  return { version, check: checkName, lease: full('lease', version) };
+  if (!sameLine) return { found: checkName };
+  return { version, check: checkName, lease: full('lease', version), auth: full('auth', version) };
 }
 
 /**

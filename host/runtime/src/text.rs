@@ -185,6 +185,21 @@ pub struct KeysTextError {
     pub reason: String,
 }
 
+impl KeysText {
+    /// The one key of a signing key file: an authority signs with exactly
+    /// one key (resources may trust several).
+    pub fn signing_key(self) -> Result<GrantKey, KeysTextError> {
+        let count = self.0.len();
+        let mut keys = self.0.into_iter();
+        match (keys.next(), keys.next()) {
+            (Some(key), None) => Ok(key),
+            _ => Err(KeysTextError {
+                reason: format!("{count} keys; an authority signs with one"),
+            }),
+        }
+    }
+}
+
 fn hex_bytes(s: &str) -> Option<Vec<u8>> {
     if s.len() % 2 != 0 {
         return None;

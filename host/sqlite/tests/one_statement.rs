@@ -381,7 +381,8 @@ fn record(event: TraceEvent<'_>) {
 
 /// An applied publish to an existing scope, and a refused one, are ONE
 /// statement each: the UPDATE, no BEGIN, no read, no COMMIT. The first
-/// publish of a scope takes the read-then-write transaction.
+/// publish of a scope takes the read-then-write transaction, which reads the
+/// scope's signing keys (host/sqlite/keys.sql) beside its state.
 #[test]
 fn an_existing_scope_is_published_with_one_statement() -> Result<()> {
     let db = Db::new()?;
@@ -408,10 +409,16 @@ fn an_existing_scope_is_published_with_one_statement() -> Result<()> {
     ensure!(outcome.is_applied(), "{outcome:?}");
     let kinds: Vec<&str> = statements
         .iter()
-        .map(|s| s.split(' ').next().unwrap_or(""))
+        .map(|s| {
+            if s.contains("FROM fencecheck_keys WHERE scope_prefix =") {
+                "KEYS"
+            } else {
+                s.split(' ').next().unwrap_or("")
+            }
+        })
         .collect();
     ensure!(
-        kinds == ["UPDATE", "BEGIN", "SELECT", "INSERT", "COMMIT"],
+        kinds == ["UPDATE", "BEGIN", "SELECT", "KEYS", "INSERT", "COMMIT"],
         "first publish: {statements:?}"
     );
 
