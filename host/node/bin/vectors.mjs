@@ -1,23 +1,32 @@
 #!/usr/bin/env node
 // Run conformance vector files: prints a line per failing step and ends with
 // `N passed, N failed` (N counts files); exits non-zero on any failure or
-// unreadable file. Same contract as `fencecheck vectors` (Rust).
+// unreadable file. Same contract as `fencecheck vectors` (Rust). Every file
+// runs through both transports (the typed exports and check-packed) and
+// passes only if it passes through both; `--transport component|packed`
+// runs one.
 
 import { Runtime } from '../src/index.js';
-import { load, run } from '../src/vectors.js';
+import { TRANSPORTS, load, run } from '../src/vectors.js';
 
-const files = process.argv.slice(2);
-if (files.length === 0) {
-  console.error('usage: vectors.mjs FILE...');
+const args = process.argv.slice(2);
+let transports = TRANSPORTS;
+if (args[0] === '--transport' && TRANSPORTS.includes(args[1])) {
+  transports = [args[1]];
+  args.splice(0, 2);
+}
+if (args.length === 0 || args[0].startsWith('--')) {
+  console.error(`usage: vectors.mjs [--transport ${TRANSPORTS.join('|')}] FILE...`);
   process.exit(2);
 }
 const guest = new Runtime().instance();
 let passed = 0;
 let failed = 0;
-for (const path of files) {
+for (const path of args) {
   let failures;
   try {
-    failures = run(load(path), guest);
+    const file = load(path);
+    failures = transports.flatMap((transport) => run(file, guest, { transport }).map((line) => `${transport}: ${line}`));
   } catch (e) {
     failures = [e.code === 'ENOENT' || e.code === 'EISDIR' || e.code === 'EACCES' ? `cannot read: ${e.message}` : e.message];
     console.log(`FAIL ${path}: ${failures[0]}`);

@@ -15,6 +15,24 @@ export function token(authority: number | bigint, epoch: number | bigint, counte
 
 export type Policy = 'strict' | 'allow-equal';
 
+/** A key of a scope's key set (or an authority's signing key). */
+export interface GrantKey {
+  /** u32; every signature names its key. */
+  keyId: number;
+  /** The shared secret: 16 to 64 bytes (32 random bytes recommended). */
+  secret: Uint8Array;
+}
+
+/** The proof that a grant came from its authority (from `sign`). */
+export interface GrantSignature {
+  /** The key that made it (u32). */
+  keyId: number;
+  /** The lease the grant was made to (1 to 256 bytes). */
+  leaseId: string;
+  /** HMAC-SHA256 of `grantMessage`: 32 bytes. */
+  tag: Uint8Array;
+}
+
 /** One protected mutation, as presented to the resource. */
 export interface Request {
   scope: string;
@@ -23,6 +41,8 @@ export interface Request {
   policy?: Policy;
   opId?: string;
   expectedVersion?: bigint | number;
+  /** The token's signature: verified by checkSigned, ignored by check. */
+  signature?: GrantSignature | null;
 }
 
 /** Apply the mutation and store `state` in the same transaction. */
@@ -67,7 +87,21 @@ export type FenceErrorCode =
   | 'unsupported-state-version'
   | 'scope-mismatch'
   | 'foreign-authority'
-  | 'exhausted';
+  | 'exhausted'
+  /** checkSigned: the token is not proven to come from its authority (reason: AuthFailure). */
+  | 'unauthenticated'
+  /** checkSigned: the scope's key set is unusable (reason: KeyProblem); the configuration is at fault. */
+  | 'invalid-keys';
+
+/** Why a token on a scope that requires signed tokens is `unauthenticated`. */
+export type AuthFailure = 'unsigned' | 'unknown-key' | 'malformed-signature' | 'bad-signature';
+/** Why a key set (or a signing key) is unusable. */
+export type KeyProblem = 'no-keys' | 'too-many-keys' | 'short-secret' | 'long-secret' | 'duplicate-key-id';
+export const AUTH_FAILURES: readonly AuthFailure[];
+export const KEY_PROBLEMS: readonly KeyProblem[];
+export const MAX_KEYS: 16;
+export const MIN_SECRET_BYTES: 16;
+export const MAX_SECRET_BYTES: 64;
 
 /** Base of every error this package throws on purpose. */
 export class FencecheckError extends Error {}
@@ -76,7 +110,7 @@ export class FencecheckError extends Error {}
 export class FenceError extends FencecheckError {
   /** The WIT error case. */
   readonly code: FenceErrorCode;
-  /** The sub-case (`missing-token`, `checksum-mismatch`, ...), if any. */
+  /** The sub-case (`missing-token`, `checksum-mismatch`, `bad-signature`, `short-secret`, ...), if any. */
   readonly reason: string | undefined;
   /** The case's payload: the format version, the stored scope, {stored, presented}. */
   readonly detail: unknown;
@@ -91,9 +125,42 @@ export class LeaseError extends FencecheckError {
   readonly retryable: false;
 }
 
+/** `sign` could not sign the grant; never retryable. */
+export class SignError extends FencecheckError {
+  readonly code: 'empty-scope' | 'scope-too-long' | 'missing-token' | 'empty-lease-id' | 'lease-id-too-long' | 'invalid-key';
+  /** For `invalid-key`: the key's problem. */
+  readonly reason: KeyProblem | undefined;
+  readonly retryable: false;
+}
+
+/** Text that is not a token in canonical form. */
+export class TokenTextError extends FencecheckError {
+  /** The rejected text (its first 64 characters). */
+  readonly text: string;
+}
+
+/** A key set that is unusable or not `KEY-ID:SECRET-HEX` text; never names a secret. */
+export class KeySetError extends FencecheckError {
+  /** `entry N is not KEY-ID:SECRET-HEX`, or a KeyProblem. */
+  readonly reason: string;
+}
+
 /** Infrastructure failure: no decision was obtained. May be retried. */
 export class HostError extends FencecheckError {
   readonly retryable: boolean;
+}
+/**
+ * The loaded component predates a feature the call needs (signed tokens:
+ * 0.1.1). Nothing was sent; every other call works. Not retryable.
+ */
+export class UnsupportedFeature extends HostError {
+  /** E.g. `signed tokens`. */
+  readonly feature: string;
+  /** The loaded component's version. */
+  readonly version: string;
+  /** The first version with the feature. */
+  readonly since: string;
+  readonly retryable: false;
 }
 /** The transpiled component is missing or could not be compiled. */
 export class ComponentLoadError extends HostError {}
@@ -135,26 +202,39 @@ export interface Limits {
 }
 export const DEFAULT_LIMITS: Readonly<Limits>;
 
+export interface RuntimeOptions {
+  /** Folder of the transpiled component's core modules (default: the package's gen/). */
+  dir?: string;
+  limits?: Partial<Limits>;
+  /** Replaces `new WebAssembly.Instance` (jco's hook), e.g. for fault injection. */
+  instantiateCore?: (module: WebAssembly.Module, imports: Record<string, any>) => WebAssembly.Instance;
+  /** The transpiled glue module for `dir` (default: gen/fencecheck.js); Runtime.load imports it. */
+  glue?: { instantiate: (...args: any[]) => any };
+  /** How messages name the glue. */
+  glueName?: string;
+}
+
 /** The compiled component: one per process. */
 export class Runtime {
-  constructor(options?: {
-    /** Folder of the transpiled component (default: the package's gen/). */
-    dir?: string;
-    limits?: Partial<Limits>;
-    /** Replaces `new WebAssembly.Instance` (jco's hook), e.g. for fault injection. */
-    instantiateCore?: (module: WebAssembly.Module, imports: Record<string, any>) => WebAssembly.Instance;
-  });
+  constructor(options?: RuntimeOptions);
+  /**
+   * A runtime for a component transpiled (as `npm run build` does) into
+   * `dir`: imports `dir/fencecheck.js`, e.g. the previous release.
+   */
+  static load(dir: string, options?: Omit<RuntimeOptions, 'dir' | 'glue' | 'glueName'>): Promise<Runtime>;
   readonly limits: Limits;
-  /** The loaded component's WIT package version, e.g. `'0.1.0'` (from its export names). */
+  /** The loaded component's WIT package version, e.g. `'0.1.1'` (from its export names). */
   readonly componentVersion: string;
+  /** Whether the loaded component has signed tokens (0.1.1 or later). */
+  readonly supportsSigning: boolean;
   instance(): Instance;
 }
 
-/** The WIT package version this package was written against (`'0.1.0'`). */
+/** The WIT package version this package was written against (`'0.1.1'`). */
 export const WIT_VERSION: string;
 /**
  * The WIT package version of the component this package runs by default (the
- * transpiled one in gen/), e.g. `'0.1.0'`, read from its export names; loads
+ * transpiled one in gen/), e.g. `'0.1.1'`, read from its export names; loads
  * it once per process. Throws ComponentLoadError (UnsupportedComponent).
  */
 export function componentVersion(): string;
@@ -172,13 +252,29 @@ type U64 = bigint | number;
 /** One instance of the component; replaced after a trap. */
 export class Instance {
   constructor(runtime: Runtime);
-  /** Decide one request; throws FenceError / HostError. */
+  /** Decide one request (the scope takes unsigned tokens; a signature is ignored); throws FenceError / HostError. */
   check(state: Uint8Array | null | undefined, request: Request): Decision;
   /**
-   * Decide independent pairs in one call; refusals are returned in place.
-   * Crosses as `check-packed`; throws PackedFormatError on a format bug.
+   * Decide one request on a scope that requires signed tokens, verifying
+   * `request.signature` with `keys` before the state is read. Throws
+   * FenceError (`unauthenticated`, `invalid-keys` or a check error),
+   * UnsupportedFeature (component 0.1.0), HostError.
    */
-  checkBatch(items: ReadonlyArray<readonly [Uint8Array | null | undefined, Request]>): Array<Decision | FenceError>;
+  checkSigned(state: Uint8Array | null | undefined, request: Request, keys: readonly GrantKey[]): Decision;
+  /** Sign the grant of `token` to `leaseId` for `scope`; throws SignError, UnsupportedFeature. */
+  sign(scope: string, token: Token, leaseId: string, key: GrantKey): GrantSignature;
+  /** The bytes a tag is the HMAC-SHA256 of (for signers outside the component). */
+  grantMessage(scope: string, token: Token, keyId: number, leaseId: string): Uint8Array;
+  /**
+   * Decide independent pairs in one call; refusals are returned in place.
+   * An item with `keys` is decided as checkSigned. Crosses as `check-packed`;
+   * throws PackedFormatError on a format bug.
+   */
+  checkBatch(
+    items: ReadonlyArray<
+      readonly [Uint8Array | null | undefined, Request] | readonly [Uint8Array | null | undefined, Request, readonly GrantKey[] | null | undefined]
+    >,
+  ): Array<Decision | FenceError>;
   /** Decode a stored fence state. */
   inspect(state: Uint8Array): StateInfo;
   acquire(
@@ -189,3 +285,28 @@ export class Instance {
   release(state: Uint8Array | null | undefined, request: { leaseId: string; token: Token }): Released | NotOwner;
   restore(state: Uint8Array | null | undefined): Restored;
 }
+
+/** A token and its signature (undefined for a plain token). */
+export interface SignedToken {
+  token: Token;
+  signature: GrantSignature | undefined;
+}
+/** Parse `EPOCH.COUNTER` or `AUTHORITY:EPOCH.COUNTER` (decimal u64); throws TokenTextError. */
+export function parseToken(text: string): Token;
+/** A token's canonical text (`AUTHORITY:` only when not 0). */
+export function formatToken(token: Token): string;
+/**
+ * Parse `TOKEN` or `TOKEN~KEY-ID~LEASE~TAG` (lease id and tag canonical
+ * base64url without padding); checks the form only. Throws TokenTextError.
+ */
+export function parseSignedToken(text: string): SignedToken;
+/** `TOKEN`, or `TOKEN~KEY-ID~LEASE~TAG` with a signature. */
+export function formatSignedToken(signed: { token: Token; signature?: GrantSignature | null }): string;
+/** Parse `KEY-ID:SECRET-HEX` entries (commas or lines, `#` comments) into a usable key set; throws KeySetError. */
+export function parseKeys(text: string): GrantKey[];
+/** A usable key set as text (it contains the secrets); throws KeySetError. */
+export function formatKeys(keys: readonly GrantKey[]): string;
+/** The one key of a signing key set; throws KeySetError for any other count. */
+export function signingKey(keys: readonly GrantKey[]): GrantKey;
+/** What makes `keys` unusable, as the component judges it, or null. */
+export function keyProblem(keys: readonly GrantKey[]): KeyProblem | null;

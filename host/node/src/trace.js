@@ -34,6 +34,14 @@ export function fields(o) {
   }
 }
 
+// A trace has no signed scopes: `keys` would be silently dropped by check, so
+// it is refused (a `signature` is ignored by check, as on any unsigned scope).
+function traceRequest(check) {
+  const r = parseRequest(check);
+  if (check.keys !== undefined) throw new VectorFormatError('a trace check has no `keys` (signed scopes are not traced)');
+  return r;
+}
+
 function checkOne(guest, state, request) {
   try {
     return guest.check(state, request);
@@ -67,7 +75,7 @@ export function run(lines, guest, write, { typedBatches = false } = {}) {
       const items = step.batch.map((i) => obj(i, ['slot', 'check'], `line ${n} item`));
       const keys = items.map((i) => u64(i.slot, 'slot'));
       if (new Set(keys).size !== keys.length) throw new VectorFormatError(`line ${n}: a batch's slots must be distinct`);
-      const requests = items.map((i) => parseRequest(i.check));
+      const requests = items.map((i) => traceRequest(i.check));
       const outcomes = checkBatch(keys.map((k, i) => [slots.get(k) ?? null, requests[i]]));
       outcomes.forEach((o, i) => {
         if (o.outcome === 'applied') slots.set(keys[i], o.state);
@@ -88,7 +96,7 @@ export function run(lines, guest, write, { typedBatches = false } = {}) {
     if (!isSet('check') || ['damage', 'bit', 'len', 'hex'].some((key) => key in s)) {
       throw new VectorFormatError(`line ${n}: needs exactly one of \`check\`, \`damage\`, \`batch\``);
     }
-    const o = checkOne(guest, slots.get(k) ?? null, parseRequest(s.check));
+    const o = checkOne(guest, slots.get(k) ?? null, traceRequest(s.check));
     if (o.outcome === 'applied') slots.set(k, o.state);
     write(`{"line":${n},${fields(o)},"state":${hex(slots.get(k))}}`);
   }

@@ -8,12 +8,21 @@
 // steps (every outcome carrying a state replaces it); `damage` alters either.
 // A HostError (trapped guest) ends the file with a failure line: it is never
 // taken for an outcome.
+//
+// Signed tokens (0.1.1): a `check` with `keys` (`[{"id", "secret": HEX}]`,
+// possibly empty) is on a scope that requires signed tokens (checkSigned),
+// with an optional `signature` (`{"key_id", "lease_id", "tag": HEX}`), which
+// a check without `keys` may carry too: check ignores it. A `sign` step
+// expects `signed` with its exact `tag` (hex), or an error.
+//
+// Two transports: `component` (check / checkSigned, the typed exports) and
+// `packed` (every check as a one-item checkBatch: check-packed).
 
 import { readFileSync } from 'node:fs';
 import { isInteger, parse as losslessParse } from 'lossless-json';
-import { FenceError, HostError, LeaseError, U64_MAX } from './index.js';
+import { FenceError, HostError, LeaseError, SignError, U64_MAX } from './index.js';
 
-const isRefusal = (o) => o instanceof FenceError || o instanceof LeaseError;
+const isRefusal = (o) => o instanceof FenceError || o instanceof LeaseError || o instanceof SignError;
 
 /** The file (or a line) is not well-formed. */
 export class VectorFormatError extends Error {
@@ -21,10 +30,12 @@ export class VectorFormatError extends Error {
 }
 
 const FILE_KEYS = ['name', 'description', 'steps'];
-const STEP_KEYS = ['check', 'damage', 'bit', 'len', 'hex', 'state', 'acquire', 'renew', 'release', 'restore', 'expect'];
-const CHECK_KEYS = ['scope', 'token', 'authority', 'policy', 'op_id', 'expected_version'];
-const EXPECT_KEYS = ['outcome', 'version', 'highest', 'presented', 'expected', 'actual', 'error', 'reason', 'token', 'expires_at', 'holder', 'epoch'];
-const ACTIONS = ['check', 'damage', 'acquire', 'renew', 'release', 'restore'];
+const STEP_KEYS = ['check', 'sign', 'damage', 'bit', 'len', 'hex', 'state', 'acquire', 'renew', 'release', 'restore', 'expect'];
+const CHECK_KEYS = ['scope', 'token', 'authority', 'policy', 'op_id', 'expected_version', 'keys', 'signature'];
+const EXPECT_KEYS = ['outcome', 'version', 'highest', 'presented', 'expected', 'actual', 'error', 'reason', 'token', 'expires_at', 'holder', 'epoch', 'tag'];
+const ACTIONS = ['check', 'sign', 'damage', 'acquire', 'renew', 'release', 'restore'];
+const SIGN_KEYS = ['scope', 'token', 'authority', 'lease_id', 'key'];
+export const TRANSPORTS = Object.freeze(['component', 'packed']);
 const LEASE_KEYS = {
   acquire: ['lock', 'lease_id', 'now', 'ttl', 'authority', 'epoch_floor'],
   renew: ['lease_id', 'token', 'authority', 'now', 'ttl'],
@@ -72,14 +83,48 @@ function str(o, k, what) {
 
 const optStr = (o, k) => (present(o, k) ? str(o, k, k) : undefined);
 
+function u32(value, what) {
+  if (typeof value !== 'bigint' || value < 0n || value > 0xffffffffn) {
+    throw new VectorFormatError(`${what} must be an integer in 0..=2^32-1, got ${String(value)}`);
+  }
+  return Number(value);
+}
+
+function hexBytes(value, what) {
+  if (typeof value !== 'string' || value.length % 2 || !/^[0-9a-fA-F]*$/.test(value)) {
+    throw new VectorFormatError(`${what}: bad hex ${JSON.stringify(value)}`);
+  }
+  return Uint8Array.from(Buffer.from(value, 'hex'));
+}
+
+function wellFormed(o, k, what) {
+  const s = str(o, k, what);
+  if (!s.isWellFormed()) throw new VectorFormatError(`${what} is not well-formed Unicode`);
+  return s;
+}
+
+/** A vector key `{"id", "secret": HEX}` as a GrantKey. */
+function parseKey(value, what) {
+  const k = obj(value, ['id', 'secret'], what);
+  return { keyId: u32(k.id, `${what}.id`), secret: hexBytes(k.secret, `${what}.secret`) };
+}
+
 function pair(value, what) {
   if (!Array.isArray(value) || value.length !== 2) throw new VectorFormatError(`${what} must be [epoch, counter]`);
   return [u64(value[0], what), u64(value[1], what)];
 }
 
-/** A vector `check` object as a Request for Instance.check. */
+/**
+ * A vector `check` object as a Request for Instance.check (with its
+ * `signature`, if any; the keys are stepKeys').
+ */
 export function parseRequest(check) {
   const c = obj(check, CHECK_KEYS, 'check');
+  let signature;
+  if (present(c, 'signature')) {
+    const s = obj(c.signature, ['key_id', 'lease_id', 'tag'], 'check.signature');
+    signature = { keyId: u32(s.key_id, 'signature.key_id'), leaseId: wellFormed(s, 'lease_id', 'signature.lease_id'), tag: hexBytes(s.tag, 'signature.tag') };
+  }
   const [epoch, counter] = pair(c.token, 'check.token');
   const policy = c.policy ?? 'strict';
   if (policy !== 'strict' && policy !== 'allow-equal') throw new VectorFormatError(`unknown policy ${String(policy)}`);
@@ -92,7 +137,23 @@ export function parseRequest(check) {
     policy,
     opId,
     expectedVersion: optU64(c, 'expected_version'),
+    signature,
   };
+}
+
+/** A `check` step's keys (the scope requires signed tokens), or undefined. */
+export function stepKeys(check) {
+  if (!present(check, 'keys')) return undefined;
+  if (!Array.isArray(check.keys)) throw new VectorFormatError('check.keys must be a list');
+  return check.keys.map((k, i) => parseKey(k, `check.keys[${i}]`));
+}
+
+/** A `sign` step's arguments: `[scope, token, leaseId, key]`. */
+export function signArgs(step) {
+  const a = obj(step, SIGN_KEYS, 'sign');
+  const [epoch, counter] = pair(a.token, 'sign.token');
+  return [wellFormed(a, 'scope', 'sign.scope'), { authority: u64(a.authority ?? 0n, 'sign.authority'), epoch, counter },
+    wellFormed(a, 'lease_id', 'sign.lease_id'), parseKey(a.key, 'sign.key')];
 }
 
 /** A lease step's arguments, validated, with defaults. */
@@ -129,7 +190,11 @@ export function parse(text) {
   for (const step of f.steps) {
     const s = obj(step, STEP_KEYS, 'a step');
     if (present(s, 'expect')) obj(s.expect, EXPECT_KEYS, 'expect');
-    if (present(s, 'check')) parseRequest(s.check);
+    if (present(s, 'check')) {
+      parseRequest(s.check);
+      stepKeys(s.check);
+    }
+    if (present(s, 'sign')) signArgs(s.sign);
     for (const action of Object.keys(LEASE_KEYS)) if (present(s, action)) leaseArgs(action, s[action]);
   }
   return f;
@@ -183,6 +248,7 @@ export function damage(state, step) {
 }
 
 const tp = (t) => `[${t.epoch}, ${t.counter}]`;
+const hex = (b) => Buffer.from(b.buffer, b.byteOffset, b.byteLength).toString('hex');
 
 /** A one-line description of a check outcome (a Decision or a FenceError). */
 export function describe(o) {
@@ -195,6 +261,7 @@ export function describe(o) {
     case 'busy': return `busy (holder ${JSON.stringify(o.holder)}, expires_at ${o.expiresAt})`;
     case 'renewed': return `renewed (expires_at ${o.expiresAt})`;
     case 'restored': return `restored (epoch ${o.epoch})`;
+    case 'signed': return `signed (tag ${hex(o.tag)})`;
     case undefined: return `error ${o.code}` + (o.reason ? ` (${o.reason})` : '');
     default: return o.outcome;
   }
@@ -252,6 +319,9 @@ export function compare(expect, o) {
     case 'restored':
       field('epoch', optU64(expect, 'epoch'), o.epoch);
       break;
+    case 'signed':
+      field('tag', optStr(expect, 'tag'), hex(o.tag));
+      break;
     default:
   }
 }
@@ -268,8 +338,32 @@ function runLease(action, args, state, guest) {
   }
 }
 
-/** Run a parsed file; returns one line per failing step (empty: passed). */
-export function run(file, guest) {
+// One check through the chosen transport: a Decision or the FenceError.
+function runCheck(guest, transport, state, request, keys) {
+  if (transport === 'packed') return guest.checkBatch([[state, request, keys]])[0];
+  try {
+    return keys === undefined ? guest.check(state, request) : guest.checkSigned(state, request, keys);
+  } catch (e) {
+    if (e instanceof FenceError) return e;
+    throw e;
+  }
+}
+
+function runSign(guest, args) {
+  try {
+    return { outcome: 'signed', ...guest.sign(...args) };
+  } catch (e) {
+    if (e instanceof SignError) return e;
+    throw e;
+  }
+}
+
+/**
+ * Run a parsed file; returns one line per failing step (empty: passed).
+ * `transport`: `component` (default) or `packed` (see the top of this file).
+ */
+export function run(file, guest, { transport = 'component' } = {}) {
+  if (!TRANSPORTS.includes(transport)) throw new RangeError(`unknown transport ${String(transport)}`);
   const failures = [];
   const slots = { fence: null, lease: null };
   for (const [index, step] of file.steps.entries()) {
@@ -286,16 +380,11 @@ export function run(file, guest) {
       }
       if (!present(step, 'expect')) throw new Mismatch('step without `expect`');
       if (action === 'check') {
-        const request = parseRequest(step.check);
-        let outcome;
-        try {
-          outcome = guest.check(slots.fence, request);
-        } catch (e) {
-          if (!(e instanceof FenceError)) throw e;
-          outcome = e;
-        }
+        const outcome = runCheck(guest, transport, slots.fence, parseRequest(step.check), stepKeys(step.check));
         if (outcome.outcome === 'applied') slots.fence = outcome.state;
         compare(step.expect, outcome);
+      } else if (action === 'sign') {
+        compare(step.expect, runSign(guest, signArgs(step.sign)));
       } else {
         const outcome = runLease(action, leaseArgs(action, step[action]), slots.lease, guest);
         if (outcome.state) slots.lease = outcome.state;

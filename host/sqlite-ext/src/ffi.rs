@@ -184,9 +184,13 @@ impl PerConnection {
 
 type Function = fn(&mut dyn fencecheck::Checker, &[Arg<'_>]) -> Result<Output, SqlError>;
 
-const FUNCTIONS: [(&std::ffi::CStr, c_int, XFunc); 4] = [
+// fence_check and fence_next with 7 arguments take the scope's keys last
+// (signed tokens); SQLite picks the registration by argument count.
+const FUNCTIONS: [(&std::ffi::CStr, c_int, XFunc); 6] = [
     (c"fence_check", 6, fence_check),
+    (c"fence_check", 7, fence_check),
     (c"fence_next", 6, fence_next),
+    (c"fence_next", 7, fence_next),
     (c"fence_inspect", 1, fence_inspect),
     (c"fence_version", 0, fence_version),
 ];
@@ -392,7 +396,7 @@ unsafe fn with_connection(
 }
 
 /// The most arguments any function here takes.
-const MAX_ARGS: usize = 6;
+const MAX_ARGS: usize = 7;
 
 /// Borrow SQLite's arguments for the duration of one call (on the stack: no
 /// allocation per call). More than [`MAX_ARGS`] is refused.

@@ -1,7 +1,10 @@
 //! The SQL functions as safe Rust: arguments in, a value or an SQL error
 //! message out. `ffi.rs` moves values between SQLite and these.
 
-use fencecheck::{CheckError, Checker, Decision, Policy, Request, TokenText};
+use fencecheck::{
+    CheckError, Checker, Decision, GrantKey, KeysText, Policy, Request, SignedCheckError,
+    SignedTokenText, TokenText,
+};
 
 /// One SQL argument, borrowed from SQLite for the duration of the call.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -72,14 +75,25 @@ fn text<'a>(what: &str, arg: &Arg<'a>) -> Result<&'a str, SqlError> {
         .map_err(|_| SqlError::new("invalid-argument", format!("{what} is not valid UTF-8")))
 }
 
-/// `(state, scope, token, policy, op_id, expected_version)` → the stored
-/// state and the request. Every type is checked; nothing is coerced.
-fn request<'a>(args: &[Arg<'a>]) -> Result<(Option<&'a [u8]>, Request), SqlError> {
+/// What a check call decides on: the stored state, the request (with the
+/// token's signature, if its text carries one) and, when the scope requires
+/// signed tokens, the keys.
+type Inputs<'a> = (Option<&'a [u8]>, Request, Option<Vec<GrantKey>>);
+
+/// `(state, scope, token, policy, op_id, expected_version[, keys])` → what
+/// the check decides on. Every type is checked; nothing is coerced. `keys`
+/// (TEXT, `ID:HEX,…`) makes the call `check-signed`; NULL or absent: the
+/// scope takes unsigned tokens (a signature in the token text is ignored).
+fn request<'a>(args: &[Arg<'a>]) -> Result<Inputs<'a>, SqlError> {
+    let (args, keys) = match args {
+        [rest @ .., keys] if args.len() == 7 => (rest, keys_arg(keys)?),
+        _ => (args, None),
+    };
     let [state, scope, token, policy, op_id, expected] = args else {
         return Err(SqlError::new(
             "invalid-argument",
             format!(
-                "expected 6 arguments (state, scope, token, policy, op_id, expected_version), got {}",
+                "expected 6 or 7 arguments (state, scope, token, policy, op_id, expected_version[, keys]), got {}",
                 args.len()
             ),
         ));
@@ -90,10 +104,10 @@ fn request<'a>(args: &[Arg<'a>]) -> Result<(Option<&'a [u8]>, Request), SqlError
         ref other => return Err(invalid("state", "a BLOB or NULL", other)),
     };
     let scope = text("scope", scope)?;
-    let token = text("token", token)?
-        .parse::<TokenText>()
-        .map_err(|e| SqlError::new("invalid-token", e))?
-        .0;
+    let presented = text("token", token)?
+        .parse::<SignedTokenText>()
+        .map_err(|e| SqlError::new("invalid-token", e))?;
+    let token = presented.token;
     let policy = match text("policy", policy)? {
         "strict" => Policy::Strict,
         "allow-equal" => Policy::AllowEqual,
@@ -108,6 +122,7 @@ fn request<'a>(args: &[Arg<'a>]) -> Result<(Option<&'a [u8]>, Request), SqlError
         }
     };
     let mut request = Request::new(scope, token, policy);
+    request.signature = presented.signature;
     match op_id {
         Arg::Null => {}
         other => request = request.with_op_id(text("op_id", other)?),
@@ -125,12 +140,27 @@ fn request<'a>(args: &[Arg<'a>]) -> Result<(Option<&'a [u8]>, Request), SqlError
         }
         ref other => return Err(invalid("expected_version", "an INTEGER or NULL", other)),
     }
-    Ok((state, request))
+    Ok((state, request, keys))
 }
 
-/// `corrupt-state: checksum-mismatch`, `scope-mismatch: …`: the error's own
-/// `name: detail` text, so every host words it the same.
-fn check_error(e: &CheckError) -> SqlError {
+/// The `keys` argument: NULL (not opted in) or a usable key set as text.
+/// Its errors never quote the text: it holds secrets.
+fn keys_arg(arg: &Arg<'_>) -> Result<Option<Vec<GrantKey>>, SqlError> {
+    match arg {
+        Arg::Null => Ok(None),
+        other => {
+            let keys = text("keys", other)?
+                .parse::<KeysText>()
+                .map_err(|e| SqlError::new("invalid-argument", format!("keys: {e}")))?;
+            Ok(Some(keys.0))
+        }
+    }
+}
+
+/// `corrupt-state: checksum-mismatch`, `scope-mismatch: …`,
+/// `unauthenticated: bad-signature`: the error's own `name: detail` text, so
+/// every host words it the same.
+fn check_error(e: &SignedCheckError) -> SqlError {
     SqlError(e.to_string())
 }
 
@@ -147,10 +177,10 @@ fn runtime_error(e: &fencecheck::Error) -> SqlError {
 fn decide(
     checker: &mut dyn Checker,
     args: &[Arg<'_>],
-) -> Result<Result<Decision, CheckError>, SqlError> {
-    let (state, request) = request(args)?;
+) -> Result<Result<Decision, SignedCheckError>, SqlError> {
+    let (state, request, keys) = request(args)?;
     checker
-        .check(state, &request)
+        .decide(state, &request, keys.as_deref())
         .map_err(|e| runtime_error(&e))
 }
 
@@ -207,7 +237,7 @@ pub(crate) fn fence_inspect(
     let info = checker
         .inspect(state)
         .map_err(|e| runtime_error(&e))?
-        .map_err(|e| check_error(&e))?;
+        .map_err(|e: CheckError| SqlError(e.to_string()))?;
     serde_json::to_string(&info)
         .map(Output::Text)
         .map_err(|e| SqlError::new("runtime-error", e))
