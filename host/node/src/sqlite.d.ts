@@ -1,15 +1,15 @@
-import type { Applied, Decision, Instance, Request } from './index.js';
+import type { Applied, Decision, GrantKey, Instance, Request } from './index.js';
 import { HostError } from './index.js';
 
 /** The part of a better-sqlite3 `Database` this module uses (structural). */
 export interface Database {
-  prepare(sql: string): { get(...params: unknown[]): unknown; run(...params: unknown[]): unknown };
+  prepare(sql: string): { get(...params: unknown[]): unknown; all(...params: unknown[]): unknown[]; run(...params: unknown[]): { changes: number } };
   exec(sql: string): unknown;
   readonly inTransaction: boolean;
 }
 
 /** The layout this module reads and writes (`fencecheck_meta`'s `layout` row), as in every host. */
-export const LAYOUT_VERSION: 1;
+export const LAYOUT_VERSION: 2;
 
 /**
  * `install` found a database laid out for another version: `found` is the
@@ -34,8 +34,8 @@ export class TransactionEnded extends HostError {
 /**
  * Create fencecheck's tables (host/sqlite/schema.sql, the layout the Rust and
  * Python hosts install too) if they do not exist, in one BEGIN IMMEDIATE
- * transaction. Idempotent. Throws UnsupportedLayout, creating nothing, if
- * the database records another layout.
+ * transaction. Idempotent; upgrades layout 1 in place. Throws
+ * UnsupportedLayout, creating nothing, if the database records another layout.
  */
 export function install(db: Database): void;
 
@@ -43,9 +43,31 @@ export function install(db: Database): void;
 export function loadState(db: Database, scope: string): Uint8Array | null;
 
 /**
- * Check `request` and, only if it is applied, run `mutate(db, applied)` and
+ * The keys of the longest configured prefix that starts `scope` (keys.sql),
+ * or null: the scope takes unsigned tokens.
+ */
+export function scopeKeys(db: Database, scope: string): GrantKey[] | null;
+
+/**
+ * Require tokens signed with `keys` on every scope starting with `prefix`
+ * (replacing its keys), in one BEGIN IMMEDIATE transaction. Throws
+ * KeySetError (an unusable set) or RangeError (a prefix over 1024 bytes),
+ * changing nothing.
+ */
+export function setKeys(db: Database, prefix: string, keys: readonly GrantKey[]): void;
+
+/** Stop requiring signed tokens under `prefix`; whether it had keys. */
+export function removeKeys(db: Database, prefix: string): boolean;
+
+/** Every configured prefix with its key ids (never the secrets), by prefix. */
+export function keyPrefixes(db: Database): Array<{ prefix: string; keyIds: number[] }>;
+
+/**
+ * Check `request` (checkSigned with its signature if the scope requires
+ * signed tokens) and, only if it is applied, run `mutate(db, applied)` and
  * store the new state, in one BEGIN IMMEDIATE transaction. Returns the
- * decision; throws FenceError / HostError (after rolling back), rethrows
+ * decision; throws FenceError (incl. `unauthenticated`, `invalid-keys`) /
+ * HostError (after rolling back), rethrows
  * whatever `mutate` throws (after rolling back), and throws TransactionEnded,
  * storing nothing, if `mutate` ended the transaction itself.
  */

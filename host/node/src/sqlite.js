@@ -7,26 +7,39 @@
 // of one scope on one database advance the same fence state in
 // `fencecheck_scopes`: one high-water mark, whatever the language.
 //
-// `fencedWrite`: read the scope's state, check, and only on `applied` run the
-// mutation and store the new state, all in one BEGIN IMMEDIATE transaction.
-// Every other outcome changes nothing; any exception (a FenceError, a
-// HostError, or one thrown by the mutation) rolls the transaction back and
-// propagates.
+// `fencedWrite`: read the scope's state (and its signing keys), check, and
+// only on `applied` run the mutation and store the new state, all in one
+// BEGIN IMMEDIATE transaction. Every other outcome changes nothing; any
+// exception (a FenceError, a HostError, or one thrown by the mutation) rolls
+// the transaction back and propagates.
+//
+// Signed tokens (layout 2): `fencecheck_keys` maps scope prefixes to key
+// sets; a scope that a prefix starts requires tokens signed by the longest
+// such prefix's keys (host/sqlite/keys.sql, the query every host runs, copied
+// to component/ too). fencedWrite reads them under the write lock, beside the
+// state, so a key change is ordered before or after a write, never inside it.
 
 import { readFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
-import { ComponentLoadError, HostError } from './index.js';
+import { ComponentLoadError, HostError, KeySetError, keyProblem } from './index.js';
 
 /** The layout this module reads and writes (`fencecheck_meta`'s `layout` row), as in every host. */
-export const LAYOUT_VERSION = 1;
+export const LAYOUT_VERSION = 2;
+/** The layout install upgrades in place (it lacks only `fencecheck_keys`). */
+const UPGRADES_FROM = 1;
 
 const SCHEMA_PATH = fileURLToPath(new URL('../component/schema.sql', import.meta.url));
+const KEYS_PATH = fileURLToPath(new URL('../component/keys.sql', import.meta.url));
 const I64_MAX = (1n << 63n) - 1n;
+const MAX_SCOPE_BYTES = 1024;
 
 const META_EXISTS = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'fencecheck_meta'";
 // `quote` renders any stored value as SQL text (`2`, `'two'`), as in every host.
-const READ_LAYOUT = `SELECT typeof(value) = 'integer' AND value = ? AS ok, quote(value) AS found
+const READ_LAYOUT = `SELECT typeof(value) = 'integer' AND value IN (?, ?) AS ok, quote(value) AS found
   FROM fencecheck_meta WHERE key = 'layout'`;
+const DELETE_KEYS = 'DELETE FROM fencecheck_keys WHERE scope_prefix = ?';
+const INSERT_KEY = 'INSERT INTO fencecheck_keys (scope_prefix, key_id, secret) VALUES (?, ?, ?)';
+const LIST_KEYS = 'SELECT scope_prefix, key_id FROM fencecheck_keys ORDER BY scope_prefix, key_id';
 const READ_STATE = 'SELECT fence_state FROM fencecheck_scopes WHERE scope = ?';
 // Only the fence columns: a scope's catalog pointer (visible_object,
 // published_at_ms), written by the Rust host's publish, is left as it is.
@@ -60,21 +73,23 @@ export class TransactionEnded extends HostError {
   }
 }
 
-let schema;
+const texts = new Map();
 
-function schemaText() {
-  if (schema === undefined) {
+// A packaged SQL file (schema.sql, keys.sql), read once.
+function sqlText(path) {
+  if (!texts.has(path)) {
     try {
-      schema = readFileSync(SCHEMA_PATH, 'utf8');
+      texts.set(path, readFileSync(path, 'utf8'));
     } catch (cause) {
-      throw new ComponentLoadError(`reading the SQLite layout ${SCHEMA_PATH} (run scripts/build-component): ${cause.message}`, { cause });
+      throw new ComponentLoadError(`reading ${path} (run scripts/build-component): ${cause.message}`, { cause });
     }
   }
-  return schema;
+  return texts.get(path);
 }
 
-function checkLayout(db) {
-  const row = db.prepare(READ_LAYOUT).get(LAYOUT_VERSION);
+// `ok` if fencecheck_meta says LAYOUT_VERSION (or `also`).
+function checkLayout(db, also = LAYOUT_VERSION) {
+  const row = db.prepare(READ_LAYOUT).get(LAYOUT_VERSION, also);
   if (row === undefined) throw new UnsupportedLayout(null);
   if (!row.ok) throw new UnsupportedLayout(row.found);
 }
@@ -94,16 +109,19 @@ function immediate(db, what, body) {
 
 /**
  * Create fencecheck's tables (`fencecheck_meta`, `fencecheck_scopes`,
- * `fencecheck_objects`) if they do not exist. Idempotent; run it once per
- * process before the first write. One BEGIN IMMEDIATE transaction, so `db`
- * must not be inside one. A database whose `fencecheck_meta` names another
- * layout (or has no `layout` row) throws UnsupportedLayout and nothing is
- * created: a writer of another layout would keep a separate fence.
+ * `fencecheck_objects`, `fencecheck_keys`) if they do not exist. Idempotent;
+ * run it once per process before the first write. One BEGIN IMMEDIATE
+ * transaction, so `db` must not be inside one. A layout-1 database
+ * (fencecheck 0.1.0) is upgraded in place: its states stay, the keys table is
+ * added. A database whose `fencecheck_meta` names another layout (or has no
+ * `layout` row) throws UnsupportedLayout and nothing is created: a writer of
+ * another layout would keep a separate fence.
  */
 export function install(db) {
-  const statements = schemaText();
+  const statements = sqlText(SCHEMA_PATH);
+  sqlText(KEYS_PATH); // fencedWrite needs it: fail here, not at the first write
   immediate(db, 'install', () => {
-    if (db.prepare(META_EXISTS).get() !== undefined) checkLayout(db);
+    if (db.prepare(META_EXISTS).get() !== undefined) checkLayout(db, UPGRADES_FROM);
     db.exec(statements);
     checkLayout(db); // again: the copied schema must be this version's layout
     db.exec('COMMIT');
@@ -117,17 +135,92 @@ export function loadState(db, scope) {
 }
 
 /**
+ * The keys `scope` requires its tokens to be signed with: those of the
+ * longest configured prefix that starts it (keys.sql), or null if no prefix
+ * does (the scope takes unsigned tokens). fencedWrite reads them inside its
+ * transaction; exported for tools and tests. A stored key this module could
+ * never have written throws a HostError rather than being skipped.
+ */
+export function scopeKeys(db, scope) {
+  if (typeof scope !== 'string') throw new TypeError('scope must be a string');
+  const rows = db.prepare(sqlText(KEYS_PATH)).all({ 1: scope });
+  if (rows.length === 0) return null;
+  return rows.map(({ key_id: id, secret }) => {
+    const keyId = typeof id === 'bigint' ? Number(id) : id;
+    if (!Number.isInteger(keyId) || keyId < 0 || keyId > 0xffffffff || !(secret instanceof Uint8Array)) {
+      throw Object.assign(new HostError(`a stored signing key for ${JSON.stringify(scope)} is not a u32 id with a BLOB secret`), { retryable: false });
+    }
+    return { keyId, secret: new Uint8Array(secret) };
+  });
+}
+
+function prefixText(prefix) {
+  if (typeof prefix !== 'string' || !prefix.isWellFormed()) throw new TypeError('the scope prefix must be a well-formed string');
+  const bytes = Buffer.byteLength(prefix, 'utf8');
+  if (bytes > MAX_SCOPE_BYTES) throw new RangeError(`the scope prefix has ${bytes} bytes; a scope has at most ${MAX_SCOPE_BYTES}`);
+  return prefix;
+}
+
+/**
+ * Require signed tokens on every scope that starts with `prefix` (`''`:
+ * every scope), verified with `keys` (`[{keyId, secret}]`), replacing the
+ * prefix's keys if it had any. The longest prefix that starts a scope
+ * decides. `keys` must be usable (keyProblem), else KeySetError and nothing
+ * changes. One BEGIN IMMEDIATE transaction: writes that begin after it
+ * commits require the new keys. To rotate: set {old, new}, move the
+ * authority to new, and once no token signed by old can still be held (the
+ * longest lease), set {new}.
+ */
+export function setKeys(db, prefix, keys) {
+  prefixText(prefix);
+  const problem = keyProblem(keys);
+  if (problem) throw new KeySetError(problem);
+  immediate(db, 'setKeys', () => {
+    db.prepare(DELETE_KEYS).run(prefix);
+    const insert = db.prepare(INSERT_KEY);
+    for (const k of keys) insert.run(prefix, k.keyId, Buffer.from(k.secret));
+    db.exec('COMMIT');
+  });
+}
+
+/**
+ * Stop requiring signed tokens under `prefix` (its scopes fall to the next
+ * shorter prefix, or take unsigned tokens). Returns whether it had keys.
+ */
+export function removeKeys(db, prefix) {
+  if (typeof prefix !== 'string') throw new TypeError('the scope prefix must be a string');
+  return db.prepare(DELETE_KEYS).run(prefix).changes > 0;
+}
+
+/** Every configured prefix with its key ids (never the secrets): `[{prefix, keyIds}]`, by prefix. */
+export function keyPrefixes(db) {
+  const out = [];
+  for (const { scope_prefix: prefix, key_id: id } of db.prepare(LIST_KEYS).all()) {
+    const keyId = Number(id);
+    if (out.at(-1)?.prefix === prefix) out.at(-1).keyIds.push(keyId);
+    else out.push({ prefix, keyIds: [keyId] });
+  }
+  return out;
+}
+
+/**
  * Check `request` with `guest` and, only if it is applied, call
- * `mutate(db, applied)` and store the new state, in one transaction.
- * Returns the decision (stale-fence and the others are values; nothing was
- * changed). The connection must not be inside a transaction already, and
- * `install` must have run on the database.
+ * `mutate(db, applied)` and store the new state, in one transaction. On a
+ * scope that requires signed tokens (scopeKeys) the decision is checkSigned's
+ * with `request.signature`: a token its authority did not sign throws
+ * FenceError `unauthenticated` (an unusable stored key set: `invalid-keys`),
+ * like every refusal, after rolling back. Returns the decision (stale-fence
+ * and the others are values; nothing was changed). The connection must not
+ * be inside a transaction already, and `install` must have run on the database.
  */
 export function fencedWrite(db, guest, request, mutate) {
   // Not better-sqlite3's db.transaction(): if the mutation ran COMMIT, that
   // wrapper would store the state in autocommit mode, apart from the mutation.
   return immediate(db, 'fencedWrite', () => {
-    const decision = guest.check(loadState(db, request.scope), request);
+    // Both under the write lock: no key change or other write in between.
+    const stored = loadState(db, request.scope);
+    const keys = scopeKeys(db, request.scope);
+    const decision = keys === null ? guest.check(stored, request) : guest.checkSigned(stored, request, keys);
     if (decision.outcome !== 'applied') {
       db.exec('ROLLBACK');
       return decision;

@@ -7,14 +7,14 @@ import assert from 'node:assert/strict';
 import { readdirSync, readFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { FenceError, HostError, PackedFormatError, Runtime, TooLarge, GuestTrapped, U64_MAX, token } from '../src/index.js';
+import { FenceError, HostError, PackedFormatError, Runtime, TooLarge, GuestTrapped, U64_MAX, WIT_VERSION, token } from '../src/index.js';
 import { decode, encode } from '../src/packed.js';
 import { parseJson, parseRequest } from '../src/vectors.js';
 
 const here = dirname(fileURLToPath(import.meta.url));
 const VECTORS = join(here, '..', '..', '..', 'tests', 'vectors');
 const runtime = new Runtime();
-const EXPORT = 'fencecheck:fence/check@0.1.0#check-packed';
+const EXPORT = `fencecheck:fence/check@${WIT_VERSION}#check-packed`;
 
 // Little-endian integers, written independently of the codec under test.
 const le = (n, width) => {
@@ -265,7 +265,10 @@ test('the guest refuses malformed input as batch-error', () => {
     'truncated count': good.subarray(0, 3),
     'trailing byte': bytes([...good], 0),
     'count above items': at(0, 2),
-    'reserved flag bit': at(4, good[4] | 0x10),
+    'reserved flag bit 6': at(4, good[4] | 0x40),
+    'reserved flag bit 7': at(4, good[4] | 0x80),
+    'signature without keys': at(4, good[4] | 0x20),
+    'keys flag without keys': at(4, good[4] | 0x10),
     'scope not UTF-8': at(scopeAt, 0xff),
     'op-id not UTF-8': at(scopeAt + 1 + 4, 0xc3),
   };
@@ -297,7 +300,7 @@ test('batch-error and malformed output are host errors', () => {
 
   // Input: set a reserved flag bit in guest memory before the guest reads it.
   fault.now = (x, ptr, len) => {
-    new Uint8Array(x.memory.buffer)[ptr + 4] |= 0x10;
+    new Uint8Array(x.memory.buffer)[ptr + 4] |= 0x40;
     return x[EXPORT](ptr, len);
   };
   assert.throws(() => g.checkBatch(one), (e) => e instanceof PackedFormatError && e instanceof HostError && e.side === 'input');

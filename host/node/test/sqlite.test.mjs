@@ -107,7 +107,7 @@ test('install is idempotent and records the layout', (t) => {
 
 // Another layout number, a non-integer or no layout row: UnsupportedLayout, nothing created.
 test('other layouts are refused and nothing is created', (t) => {
-  for (const [value, found] of [['2', '2'], ["'1'", "'1'"], ['1.5', '1.5'], [null, null]]) {
+  for (const [value, found] of [['3', '3'], ['0', '0'], ["'2'", "'2'"], ["'1'", "'1'"], ['1.5', '1.5'], [null, null]]) {
     const dir = mkdtempSync(join(tmpdir(), 'fencecheck-node-'));
     t.after(() => rmSync(dir, { recursive: true, force: true }));
     const db = new Database(join(dir, 'other.sqlite'));

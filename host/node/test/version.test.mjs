@@ -2,20 +2,25 @@
 // runtime.componentVersion report the loaded one, and a component of a
 // version this package does not run is refused at load. The other versions
 // are the real transpiled core module with the version in every
-// `fencecheck:fence…@0.1.0` export name rewritten (same length, validated).
+// `fencecheck:fence…@0.1.1` export name rewritten (same length, validated),
+// and the released 0.1.0 (tests/fixtures), transpiled by jco here.
 
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
 import { mkdtempSync, readdirSync, readFileSync, writeFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { ComponentLoadError, Runtime, UnsupportedComponent, WIT_VERSION, componentVersion, token } from '../src/index.js';
+import {
+  ComponentLoadError, FenceError, HostError, Runtime, UnsupportedComponent, UnsupportedFeature, WIT_VERSION, componentVersion, token,
+} from '../src/index.js';
 import { vet } from '../src/version.js';
 
 const HERE = dirname(fileURLToPath(import.meta.url));
 const GEN = join(HERE, '..', 'gen');
 const REPO = join(HERE, '..', '..', '..');
+const JCO = join(HERE, '..', 'node_modules', '.bin', 'jco');
 
 // A copy of gen/'s core modules (all `Runtime({ dir })` reads from it) claiming `version` instead of WIT_VERSION.
 function genClaiming(version) {
@@ -79,14 +84,14 @@ test('other versions are refused at load', () => {
 });
 
 // A same-line patch (0.1.9) is a version this package runs, but the glue in
-// gen/fencecheck.js calls 0.1.0's names: refused at load, naming both, not
+// gen/fencecheck.js calls 0.1.1's names: refused at load, naming both, not
 // left to fail on the first call.
 test('core modules that do not match the glue are refused at load', () => {
   const dir = genClaiming('0.1.9');
   try {
     assert.throws(() => new Runtime({ dir }), (err) => {
       assert.ok(err instanceof ComponentLoadError && !(err instanceof UnsupportedComponent));
-      assert.match(err.message, /implement fencecheck:fence@0\.1\.9, but the transpiled glue \(gen\/fencecheck\.js\) calls fencecheck:fence\/check@0\.1\.0/);
+      assert.ok(err.message.includes(`implement fencecheck:fence@0.1.9, but the transpiled glue (gen/fencecheck.js) calls fencecheck:fence/check@${WIT_VERSION}`), err.message);
       return true;
     });
   } finally {
@@ -115,7 +120,43 @@ test('vet refuses everything but the supported line', () => {
     [[], 'no fencecheck:fence/check interface (its exports: nothing)'],
   ];
   for (const [names, found] of cases) assert.deepEqual(vet(names), { found });
-  assert.deepEqual(vet(['fencecheck:fence/check@0.1.7', 'fencecheck:fence/lease@0.1.7']), {
-    version: '0.1.7', check: 'fencecheck:fence/check@0.1.7', lease: 'fencecheck:fence/lease@0.1.7',
-  });
+  // Any patch of the line, newer or older than WIT_VERSION (0.1.0 has no auth interface).
+  for (const v of ['0.1.7', '0.1.0']) {
+    assert.deepEqual(vet([`fencecheck:fence/check@${v}`, `fencecheck:fence/lease@${v}`]), {
+      version: v, check: `fencecheck:fence/check@${v}`, lease: `fencecheck:fence/lease@${v}`, auth: `fencecheck:fence/auth@${v}`,
+    });
+  }
+});
+
+// The released 0.1.0 (no auth interface), transpiled as `npm run build`
+// transpiles ours, loads through Runtime.load: an older patch of the line
+// runs; check, batches and leases work; every signed call throws
+// UnsupportedFeature (a HostError naming the feature and the version it
+// needs) before reaching the guest, and the instance keeps working.
+test('the 0.1.0 fixture runs, without signed tokens', async (t) => {
+  const dir = mkdtempSync(join(tmpdir(), 'fencecheck-010-'));
+  t.after(() => rmSync(dir, { recursive: true, force: true }));
+  execFileSync(JCO, ['transpile', join(REPO, 'tests', 'fixtures', 'fencecheck-0.1.0.wasm'), '--out-dir', dir,
+    '--name', 'fencecheck', '--instantiation', 'sync', '--no-nodejs-compat', '--quiet']);
+  const runtime = await Runtime.load(dir);
+  assert.equal(runtime.componentVersion, '0.1.0');
+  assert.equal(runtime.supportsSigning, false);
+  assert.equal(new Runtime().supportsSigning, true);
+  const g = runtime.instance();
+  const req = { scope: 's', token: token(0, 1, 1) };
+  const { state } = g.check(null, req);
+  assert.equal(g.check(state, req).outcome, 'stale-fence');
+  assert.equal(g.checkBatch([[state, { ...req, token: token(0, 1, 2) }]])[0].outcome, 'applied');
+  assert.equal(g.acquire(null, { lock: 's', leaseId: 'l', now: 0, ttl: 10 }).outcome, 'acquired');
+  const key = { keyId: 3, secret: new Uint8Array(32) };
+  const unsupported = (e) => e instanceof UnsupportedFeature && e instanceof HostError && !(e instanceof FenceError)
+    && e.retryable === false && e.feature === 'signed tokens' && e.version === '0.1.0' && e.since === '0.1.1'
+    && e.message === 'the loaded component (fencecheck:fence@0.1.0) has no signed tokens: that needs 0.1.1 or later';
+  assert.throws(() => g.checkSigned(state, req, [key]), unsupported);
+  assert.throws(() => g.checkBatch([[null, req], [state, req, [key]]]), unsupported);
+  assert.throws(() => g.sign('s', token(0, 1, 1), 'l', key), unsupported);
+  assert.throws(() => g.grantMessage('s', token(0, 1, 1), 3, 'l'), unsupported);
+  assert.equal(g.check(state, { ...req, token: token(0, 1, 3) }).outcome, 'applied');
+  // A directory without a transpiled glue is a load error.
+  await assert.rejects(Runtime.load(join(dir, 'nothing')), ComponentLoadError);
 });

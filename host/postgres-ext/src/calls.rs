@@ -5,7 +5,10 @@
 use std::cell::RefCell;
 use std::sync::OnceLock;
 
-use fencecheck::{Checker, Decision, Instance, Policy, Request, Runtime, TokenText};
+use fencecheck::{
+    Checker, Decision, GrantKey, Instance, KeysText, Policy, Request, Runtime, SignedCheckError,
+    SignedTokenText, TokenText,
+};
 
 use crate::sqlstate::{Raise, SqlState};
 
@@ -117,11 +120,11 @@ impl Args<'_> {
     /// The request, every argument checked; nothing is coerced.
     pub(crate) fn request(&self) -> Result<Request, Raise> {
         let scope = text("scope", self.scope)?;
-        let token = text("token", self.token)?
-            .parse::<TokenText>()
-            .map_err(|e| Raise::new(SqlState::InvalidToken, e))?
-            .0;
-        let mut request = Request::new(scope, token, policy(self.policy)?);
+        let presented = text("token", self.token)?
+            .parse::<SignedTokenText>()
+            .map_err(|e| Raise::new(SqlState::InvalidToken, e))?;
+        let mut request = Request::new(scope, presented.token, policy(self.policy)?);
+        request.signature = presented.signature;
         if self.op_id.is_some() {
             request = request.with_op_id(text("op_id", self.op_id)?);
         }
@@ -146,16 +149,35 @@ fn runtime_error(e: &fencecheck::Error) -> Raise {
     }
 }
 
-/// The component's decision; its errors (corrupt state, scope mismatch…)
-/// raise with their own codes and the component's own wording.
-pub(crate) fn decide(state: Option<&[u8]>, args: &Args<'_>) -> Result<Decision, Raise> {
+/// A `keys` argument: a usable key set as text (`ID:HEX,…`). Its errors
+/// never quote the text: it holds secrets.
+pub(crate) fn keys(arg: &[u8]) -> Result<Vec<GrantKey>, Raise> {
+    let keys = text("keys", Some(arg))?
+        .parse::<KeysText>()
+        .map_err(|e| Raise::new(SqlState::InvalidArgument, format!("keys: {e}")))?;
+    Ok(keys.0)
+}
+
+/// The component's decision: `check`, or `check-signed` when the scope
+/// requires signed tokens (`keys`). Its errors (corrupt state, scope
+/// mismatch, unauthenticated…) raise with their own codes and the
+/// component's own wording.
+pub(crate) fn decide(
+    state: Option<&[u8]>,
+    args: &Args<'_>,
+    keys: Option<&[GrantKey]>,
+) -> Result<Decision, Raise> {
     let request = args.request()?;
     with_guest(|guest| {
         guest
-            .check(state, &request)
+            .decide(state, &request, keys)
             .map_err(|e| runtime_error(&e))?
             .map_err(|e| Raise {
-                state: SqlState::of_check_error(&e),
+                state: match &e {
+                    SignedCheckError::Check(e) => SqlState::of_check_error(e),
+                    SignedCheckError::Unauthenticated(_) => SqlState::Unauthenticated,
+                    SignedCheckError::InvalidKeys(_) => SqlState::InvalidKeys,
+                },
                 message: e.to_string(),
                 hint: None,
             })

@@ -113,15 +113,33 @@ fn check_args<'a>(fcinfo: pg_sys::FunctionCallInfo) -> (Option<&'a [u8]>, Args<'
     }
 }
 
+/// The 7-argument forms' `keys` (text): the scope requires signed tokens.
+/// NULL, or the 6-argument forms: it does not.
+fn keys_arg(fcinfo: pg_sys::FunctionCallInfo) -> Result<Option<Vec<fencecheck::GrantKey>>, Raise> {
+    // SAFETY: PostgreSQL's fcinfo; the 7-argument declarations make
+    // argument 6 text.
+    let nargs = unsafe { (*fcinfo).nargs };
+    if nargs < 7 {
+        return Ok(None);
+    }
+    // SAFETY: as above.
+    match unsafe { bytes_arg(fcinfo, 6) } {
+        None => Ok(None),
+        Some(text) => calls::keys(text).map(Some),
+    }
+}
+
 fn fence_check(fcinfo: pg_sys::FunctionCallInfo) -> Result<Out, Raise> {
     let (state, args) = check_args(fcinfo);
-    let decision = calls::decide(state, &args)?;
+    let keys = keys_arg(fcinfo)?;
+    let decision = calls::decide(state, &args, keys.as_deref())?;
     Ok(datum(decision.name().into_datum()))
 }
 
 fn fence_next(fcinfo: pg_sys::FunctionCallInfo) -> Result<Out, Raise> {
     let (state, args) = check_args(fcinfo);
-    let state = calls::applied(calls::decide(state, &args)?)?;
+    let keys = keys_arg(fcinfo)?;
+    let state = calls::applied(calls::decide(state, &args, keys.as_deref())?)?;
     Ok(datum(state.as_slice().into_datum()))
 }
 

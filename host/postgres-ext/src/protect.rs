@@ -32,6 +32,7 @@ use pgrx::{FromDatum, IntoDatum};
 
 use crate::calls::{self, Args};
 use crate::sqlstate::{Raise, SqlState};
+use fencecheck::GrantKey;
 
 fn required(detail: impl std::fmt::Display) -> Raise {
     Raise::new(SqlState::FenceRequired, detail)
@@ -207,7 +208,9 @@ pub(crate) unsafe fn row_trigger(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_
         })?;
         let scope_text = calls::text("scope", scope)?;
         let mark = take_mark(relid, scope_text)?;
-        let state = calls::applied(calls::decide(mark.as_deref(), &args(scope, Some(token)))?)?;
+        let keys = scope_keys(scope_text)?;
+        let decision = calls::decide(mark.as_deref(), &args(scope, Some(token)), keys.as_deref())?;
+        let state = calls::applied(decision)?;
         drop_mark(relid, scope_text)?;
         // SAFETY: as above.
         return unsafe { with_state(new, desc, cols.state, &state) };
@@ -248,7 +251,9 @@ pub(crate) unsafe fn row_trigger(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_
                 cols.token_name
             ))
         })?;
-        let state = calls::applied(calls::decide(old_state, &args(old_scope, Some(token)))?)?;
+        let keys = scope_keys(calls::text("scope", old_scope)?)?;
+        let decision = calls::decide(old_state, &args(old_scope, Some(token)), keys.as_deref())?;
+        let state = calls::applied(decision)?;
         // SAFETY: as above.
         return unsafe { with_state(new, desc, cols.state, &state) };
     }
@@ -264,7 +269,12 @@ pub(crate) unsafe fn row_trigger(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_
             )
         })?;
         let scope_text = calls::text("scope", scope)?;
-        let state = calls::applied(calls::decide(state, &args(scope, Some(token)))?)?;
+        let keys = scope_keys(scope_text)?;
+        let state = calls::applied(calls::decide(
+            state,
+            &args(scope, Some(token)),
+            keys.as_deref(),
+        )?)?;
         keep_mark(relid, scope_text, &state)?;
         return Ok(pg_sys::Datum::from(old));
     }
@@ -311,6 +321,44 @@ fn as_owner<T>(
         let _restore = Restore(user, context);
         f(client)
     })
+}
+
+/// The keys `scope` requires signed tokens with: those of the longest
+/// `fencecheck.keys` prefix that starts it (as `host/postgres/keys.sql` and
+/// `host/sqlite/keys.sql` choose), `None` if no prefix does. Read as the
+/// extension's owner: writers never see a secret.
+fn scope_keys(scope: &str) -> Result<Option<Vec<GrantKey>>, Raise> {
+    let rows = as_owner(|client| {
+        let table = client
+            .select(
+                "SELECT key_id, secret FROM fencecheck.keys \
+                 WHERE scope_prefix OPERATOR(pg_catalog.=) ( \
+                     SELECT scope_prefix FROM fencecheck.keys \
+                      WHERE pg_catalog.starts_with($1, scope_prefix) \
+                      ORDER BY pg_catalog.length(scope_prefix) DESC LIMIT 1) \
+                 ORDER BY key_id",
+                None,
+                &[scope.into()],
+            )
+            .map_err(|e| Raise::new(SqlState::RuntimeError, e))?;
+        let mut keys = Vec::new();
+        for row in table {
+            let id = row
+                .get::<i64>(1)
+                .map_err(|e| Raise::new(SqlState::RuntimeError, e))?;
+            let secret = row
+                .get::<Vec<u8>>(2)
+                .map_err(|e| Raise::new(SqlState::RuntimeError, e))?;
+            let (Some(id), Some(secret)) = (id, secret) else {
+                return Err(misconfigured("fencecheck.keys holds a NULL"));
+            };
+            let key_id = u32::try_from(id)
+                .map_err(|_| misconfigured(format!("fencecheck.keys: key id {id} is not a u32")))?;
+            keys.push(GrantKey { key_id, secret });
+        }
+        Ok(keys)
+    })?;
+    Ok((!rows.is_empty()).then_some(rows))
 }
 
 /// Lock the scope's tombstone slot and return its state. The upsert waits

@@ -66,6 +66,13 @@ pub(crate) enum SqlState {
     InvalidArgument,
     /// `5F013` an argument too large to copy into the guest at all.
     TooLarge,
+    /// `5F014` the scope requires signed tokens and this token is not
+    /// proven to come from its authority (unsigned, unknown key, forged,
+    /// tampered, replayed): definitive, this token never passes.
+    Unauthenticated,
+    /// `5F015` the keys configured for the scope are unusable (no key, a
+    /// secret outside 16-64 bytes, an id twice): fix the configuration.
+    InvalidKeys,
     /// `5F900` the component could not decide: it trapped, or the runtime
     /// failed. Nothing changed; not a fencing outcome.
     RuntimeError,
@@ -88,6 +95,8 @@ impl SqlState {
             SqlState::FenceRequired => "5F011",
             SqlState::InvalidArgument => "5F012",
             SqlState::TooLarge => "5F013",
+            SqlState::Unauthenticated => "5F014",
+            SqlState::InvalidKeys => "5F015",
             SqlState::RuntimeError => "5F900",
         }
     }
@@ -110,6 +119,8 @@ impl SqlState {
             SqlState::FenceRequired => "fence-required",
             SqlState::InvalidArgument => "invalid-argument",
             SqlState::TooLarge => "too-large",
+            SqlState::Unauthenticated => "unauthenticated",
+            SqlState::InvalidKeys => "invalid-keys",
             SqlState::RuntimeError => "runtime-error",
         }
     }

@@ -261,17 +261,29 @@ fn serializable_conflict_through_the_adapter_is_retryable() -> Result<()> {
     Ok(())
 }
 
-/// `install` is idempotent and refuses another layout number, creating
-/// nothing.
+/// `install` is idempotent, upgrades layout 1 in place (adding
+/// `fencecheck_keys`), and refuses another layout number, creating nothing.
 #[test]
 fn install_refuses_another_layout() -> Result<()> {
     let server = PgServer::start()?;
     let mut db = server.client()?;
     install(&mut db)?;
     install(&mut db)?;
-    db.batch_execute("UPDATE fencecheck_meta SET value = 2 WHERE key = 'layout'")?;
+    db.batch_execute(
+        "DROP TABLE fencecheck_keys; UPDATE fencecheck_meta SET value = 1 WHERE key = 'layout'",
+    )?;
+    install(&mut db)?;
+    let upgraded: (i64, bool) = db
+        .query_one(
+            "SELECT (SELECT value FROM fencecheck_meta WHERE key = 'layout'), \
+                    to_regclass('fencecheck_keys') IS NOT NULL",
+            &[],
+        )
+        .map(|r| (r.get(0), r.get(1)))?;
+    ensure!(upgraded == (2, true), "{upgraded:?}");
+    db.batch_execute("UPDATE fencecheck_meta SET value = 3 WHERE key = 'layout'")?;
     match install(&mut db) {
-        Err(Error::UnsupportedLayout { found: 2 }) => {}
+        Err(Error::UnsupportedLayout { found: 3 }) => {}
         other => bail!("{other:?}"),
     }
     let mut fresh = server.client()?;
