@@ -173,3 +173,13 @@ write("signed-sign-errors",
           {"sign": {"scope": "s" * 1024, "token": [1, 1], "lease_id": "l" * 256, "key": K3_SPEC},
            "expect": {"outcome": "signed", "tag": tag(K3, 3, "s" * 1024, (1, 1), "l" * 256)}},
       ])
+
+write("signed-signature-ignored-when-not-opted-in",
+      "On a scope that does not require signed tokens (no keys) the check ignores any signature, even a wrong one: clients may always send their signed tokens and resources opt in one by one; the same scope then opted in refuses that bad signature.",
+      [
+          {"check": {"scope": S, "token": list(T), "signature": {"key_id": 3, "lease_id": L, "tag": "00" * 32}},
+           "expect": applied(1, T)},
+          {"check": {"scope": S, "token": [1, 43], "signature": good}, "expect": applied(2, (1, 43))},
+          check(S, (1, 44), [K3_SPEC], {"key_id": 3, "lease_id": L, "tag": "00" * 32}, refused("bad-signature")),
+          check(S, (1, 44), [K3_SPEC], sig(K3, 3, S, (1, 44), L), applied(3, (1, 44))),
+      ])
