@@ -240,13 +240,15 @@ function lowerSignature(s) {
   return { keyId: u32(s.keyId, 'signature.keyId'), leaseId: utf8(s.leaseId, 'signature.leaseId'), tag: bytes(s.tag, 'signature.tag') };
 }
 
-// Only the shape: whether the set is usable is the component's decision (`invalid-keys`).
+// Only the shape: whether a key set is usable is the component's decision (`invalid-keys`).
+function lowerKey(k, what) {
+  if (k === null || typeof k !== 'object') throw new TypeError(`${what} must be {keyId, secret}`);
+  return { keyId: u32(k.keyId, `${what}.keyId`), secret: bytes(k.secret, `${what}.secret`) };
+}
+
 function lowerKeys(keys) {
   if (!Array.isArray(keys)) throw new TypeError('keys must be an array of {keyId, secret}');
-  return keys.map((k, i) => {
-    if (k === null || typeof k !== 'object') throw new TypeError(`keys[${i}] must be {keyId, secret}`);
-    return { keyId: u32(k.keyId, `keys[${i}].keyId`), secret: bytes(k.secret, `keys[${i}].secret`) };
-  });
+  return keys.map((k, i) => lowerKey(k, `keys[${i}]`));
 }
 
 function requestBytes(state, r, keys) {
@@ -542,7 +544,7 @@ export class Instance {
    */
   sign(scope, token, leaseId, key) {
     const auth = this.#auth();
-    const args = [utf8(scope, 'scope'), lowerToken(token), utf8(leaseId, 'leaseId'), lowerKeys([key])[0]];
+    const args = [utf8(scope, 'scope'), lowerToken(token), utf8(leaseId, 'leaseId'), lowerKey(key, 'key')];
     this.#bound('sign', (scope.length + leaseId.length) * 3 + args[3].secret.length);
     try {
       const sig = this.#call('sign', () => auth.sign(...args));

@@ -1,7 +1,7 @@
 // The text forms every fencecheck host shares (Rust: host/runtime/src/text.rs).
 //
 // A token: `EPOCH.COUNTER` (authority 0) or `AUTHORITY:EPOCH.COUNTER`, each a
-// decimal u64 without sign, spaces or leading zeros rule (any digits). A
+// decimal u64 of digits only (no sign, no spaces). A
 // signed token appends `~KEY-ID~LEASE~TAG`: the key id a decimal u32, the
 // lease id (UTF-8) and the tag in canonical base64url without padding.
 // Parsing checks the form only: whether the signature is valid, and whether
@@ -52,7 +52,7 @@ export function parseToken(text) {
   return { authority, epoch, counter };
 }
 
-/** A token's canonical text (`42` authority is written only when not 0). */
+/** A token's canonical text (`AUTHORITY:` is written only when it is not 0). */
 export function formatToken(t) {
   const part = (v, what) => {
     if (typeof v === 'number' && Number.isSafeInteger(v)) v = BigInt(v);
@@ -148,7 +148,6 @@ const TRIM_START = new RegExp(`^${WS}+`);
 export function parseKeys(text) {
   if (typeof text !== 'string') throw new TypeError('key text must be a string');
   const entries = text.split('\n')
-    .map((line) => line.replace(/\r$/, ''))
     .filter((line) => !line.replace(TRIM_START, '').startsWith('#'))
     .flatMap((line) => line.split(','))
     .map((entry) => entry.replace(TRIM, ''))

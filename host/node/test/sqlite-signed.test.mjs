@@ -10,7 +10,7 @@ import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import Database from 'better-sqlite3';
-import { FenceError, HostError, KeySetError, Runtime, U64_MAX, token } from '../src/index.js';
+import { FenceError, HostError, KeySetError, Runtime, U64_MAX, UnsupportedFeature, token } from '../src/index.js';
 import { fencedWrite, install, keyPrefixes, removeKeys, scopeKeys, setKeys } from '../src/sqlite.js';
 
 const HERE = dirname(fileURLToPath(import.meta.url));
@@ -174,13 +174,17 @@ test('unusable key sets are refused', (t) => {
   }
 });
 
-// A keyed scope on a component without signed tokens (0.1.0) fails closed:
-// the host error rolls the write back and nothing is stored.
+// A keyed scope on a component without signed tokens (0.1.0, whose
+// checkSigned throws UnsupportedFeature) fails closed: never a plain check,
+// the write rolls back and nothing is stored.
 test('a keyed scope needs a component with signed tokens', (t) => {
   const { db } = setup(t);
   setKeys(db, 'report/', [key(3, 3)]);
-  const old = { check: () => assert.fail('check on a keyed scope'), checkSigned: () => { throw new HostError('no signed tokens'); } };
-  assert.throws(() => fencedWrite(db, old, unsigned(JULY, 1, 1), () => assert.fail('mutated')), /no signed tokens/);
+  const old = {
+    check: () => assert.fail('check on a keyed scope'),
+    checkSigned: () => { throw new UnsupportedFeature('signed tokens', '0.1.0', '0.1.1'); },
+  };
+  assert.throws(() => fencedWrite(db, old, unsigned(JULY, 1, 1), () => assert.fail('mutated')), UnsupportedFeature);
   assert.equal(db.inTransaction, false);
   assert.equal(db.prepare('SELECT count(*) AS n FROM fencecheck_scopes').get().n, 0);
 });

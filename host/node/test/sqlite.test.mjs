@@ -100,12 +100,12 @@ test('install is idempotent and records the layout', (t) => {
   install(db);
   assert.deepEqual(schema(db), before);
   assert.equal(db.prepare("SELECT value FROM fencecheck_meta WHERE key = 'layout'").get().value, LAYOUT_VERSION);
-  for (const name of ['fencecheck_meta', 'fencecheck_scopes', 'fencecheck_objects']) {
+  for (const name of ['fencecheck_meta', 'fencecheck_scopes', 'fencecheck_objects', 'fencecheck_keys']) {
     assert.ok(before.some((r) => r.name === name), name);
   }
 });
 
-// Another layout number, a non-integer or no layout row: UnsupportedLayout, nothing created.
+// Another layout number (3, 0), a non-integer or no layout row: UnsupportedLayout, nothing created.
 test('other layouts are refused and nothing is created', (t) => {
   for (const [value, found] of [['3', '3'], ['0', '0'], ["'2'", "'2'"], ["'1'", "'1'"], ['1.5', '1.5'], [null, null]]) {
     const dir = mkdtempSync(join(tmpdir(), 'fencecheck-node-'));
@@ -123,6 +123,25 @@ test('other layouts are refused and nothing is created', (t) => {
     assert.deepEqual(schema(db), before, String(value));
     assert.equal(db.inTransaction, false);
   }
+});
+
+// A layout-1 database (fencecheck 0.1.0: no fencecheck_keys) is upgraded in
+// place: its states stay, the keys table is added, the number becomes 2.
+test('layout 1 is upgraded in place', (t) => {
+  const dir = mkdtempSync(join(tmpdir(), 'fencecheck-node-'));
+  t.after(() => rmSync(dir, { recursive: true, force: true }));
+  const db = new Database(join(dir, 'old.sqlite'));
+  t.after(() => db.close());
+  db.exec(`CREATE TABLE fencecheck_meta (key TEXT NOT NULL PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
+    INSERT INTO fencecheck_meta VALUES ('layout', 1);
+    CREATE TABLE fencecheck_scopes (scope TEXT NOT NULL PRIMARY KEY, fence_state BLOB NOT NULL,
+      version INTEGER NOT NULL, visible_object INTEGER, published_at_ms INTEGER) WITHOUT ROWID;
+    INSERT INTO fencecheck_scopes (scope, fence_state, version) VALUES ('s', x'01', 7);`);
+  install(db);
+  assert.deepEqual(db.prepare('SELECT scope, hex(fence_state) AS s, version FROM fencecheck_scopes').all(), [{ scope: 's', s: '01', version: 7 }]);
+  assert.equal(db.prepare("SELECT value FROM fencecheck_meta WHERE key = 'layout'").get().value, 2);
+  assert.equal(db.prepare('SELECT count(*) AS n FROM fencecheck_keys').get().n, 0);
+  install(db);
 });
 
 // The row's version is the applied version; a publish's pointer columns are left alone.

@@ -49,9 +49,12 @@ test('batches trace the same through packed and typed exports', () => {
   assert.ok(packed.at(-1).includes('"item":2'));
 });
 
-// Every malformed line throws instead of being skipped.
+// Every malformed line throws instead of being skipped; so does a check with
+// `keys` (a trace has no signed scopes: they would be checked unsigned).
 test('malformed lines stop the trace', () => {
   for (const bad of ['{"slot":0}', '{"slot":0,"check":{"scope":"s","token":[0,1]},"damage":"clear"}',
+    '{"slot":0,"check":{"scope":"s","token":[0,1],"keys":[]}}',
+    '{"batch":[{"slot":0,"check":{"scope":"s","token":[0,1],"keys":[{"id":1,"secret":"00"}]}}]}',
     '{"slot":-1,"check":{"scope":"s","token":[0,1]}}',
     '{"batch":[{"slot":0,"check":{"scope":"s","token":[0,1]}},{"slot":0,"check":{"scope":"s","token":[0,2]}}]}',
     '{"slot":0,"damage":"melt"}', 'not json']) {

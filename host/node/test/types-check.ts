@@ -1,7 +1,13 @@
 // Compiled by `npm run typecheck` (tsc --noEmit): the public .d.ts files
 // describe a usable API. Not run; a type error fails the check.
-import { FenceError, PackedFormatError, Runtime, UnsupportedComponent, WIT_VERSION, componentVersion, token, type Decision } from '../src/index.js';
-import { fencedWrite, install, LAYOUT_VERSION, TransactionEnded, UnsupportedLayout, type Database } from '../src/sqlite.js';
+import {
+  FenceError, KeySetError, PackedFormatError, Runtime, SignError, TokenTextError, UnsupportedComponent, UnsupportedFeature, WIT_VERSION,
+  componentVersion, formatSignedToken, keyProblem, parseKeys, parseSignedToken, signingKey, token,
+  type AuthFailure, type Decision, type GrantKey, type GrantSignature, type KeyProblem,
+} from '../src/index.js';
+import {
+  fencedWrite, install, keyPrefixes, LAYOUT_VERSION, removeKeys, scopeKeys, setKeys, TransactionEnded, UnsupportedLayout, type Database,
+} from '../src/sqlite.js';
 
 declare const db: Database;
 const guest = new Runtime().instance();
@@ -40,3 +46,31 @@ try {
   if (e instanceof UnsupportedComponent) void [e.found, e.supported];
 }
 void [running, loaded, built];
+
+// Signed tokens: sign, text forms, checkSigned, batches with keys, the SQLite key admin.
+try {
+  const keys: GrantKey[] = parseKeys('3:00112233445566778899aabbccddeeff');
+  const problem: KeyProblem | null = keyProblem(keys);
+  const sig: GrantSignature = guest.sign('s', token(0, 1, 1), 'lease-1', signingKey(keys));
+  const text: string = formatSignedToken({ token: token(0, 1, 1), signature: sig });
+  const parsed = parseSignedToken(text);
+  const ok: Decision = guest.checkSigned(null, { scope: 's', token: parsed.token, signature: parsed.signature }, keys);
+  const mixed = guest.checkBatch([[null, { scope: 's', token: token(0, 1, 1) }], [null, { scope: 's', token: token(0, 1, 1), signature: sig }, keys]]);
+  const message: Uint8Array = guest.grantMessage('s', token(0, 1, 1), sig.keyId, sig.leaseId);
+  setKeys(db, 'report/', keys);
+  const found: GrantKey[] | null = scopeKeys(db, 'report/july');
+  const listed: Array<{ prefix: string; keyIds: number[] }> = keyPrefixes(db);
+  const removed: boolean = removeKeys(db, 'report/');
+  const signing: boolean = new Runtime().supportsSigning;
+  void [problem, ok, mixed, message, found, listed, removed, signing];
+} catch (e) {
+  if (e instanceof FenceError && e.code === 'unauthenticated') {
+    const why = e.reason as AuthFailure;
+    void why;
+  }
+  if (e instanceof SignError) void [e.code, e.reason];
+  if (e instanceof UnsupportedFeature) void [e.feature, e.version, e.since];
+  if (e instanceof TokenTextError) void e.text;
+  if (e instanceof KeySetError) void e.reason;
+}
+void Runtime.load('/elsewhere').then((r) => r.componentVersion);
