@@ -146,6 +146,7 @@ pub fn run(checker: &mut dyn Checker, path: &Path) -> Result<()> {
             (Some(check), None)
                 if line.bit.is_none() && line.len.is_none() && line.hex.is_none() =>
             {
+                unsigned(check, n)?;
                 let outcome =
                     checker.check(slots.get(&slot).map(Vec::as_slice), &check.request())?;
                 if let Ok(Decision::Applied { state, .. }) = &outcome {
@@ -175,6 +176,9 @@ fn batch(
     let mut seen = std::collections::BTreeSet::new();
     if !items.iter().all(|i| seen.insert(i.slot)) {
         bail!("line {n}: a batch's slots must be distinct");
+    }
+    for item in items {
+        unsigned(&item.check, n)?;
     }
     let requests: Vec<_> = items.iter().map(|i| i.check.request()).collect();
     let outcomes = {
@@ -243,4 +247,14 @@ fn fields(outcome: &Outcome) -> String {
 
 fn hex(state: Option<&[u8]>) -> String {
     state.map_or_else(|| "null".into(), |b| format!("\"{}\"", hex::encode(b)))
+}
+
+/// Agreement traces compare `check` across runtimes; a step with keys or a
+/// signature would be silently checked unsigned here, so it is refused (the
+/// signed path is covered by the conformance vectors in every runner).
+fn unsigned(check: &fencecheck::vectors::CheckStep, n: usize) -> Result<()> {
+    if check.keys.is_some() || check.signature.is_some() {
+        bail!("line {n}: trace steps carry no keys or signatures");
+    }
+    Ok(())
 }
