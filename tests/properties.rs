@@ -253,3 +253,100 @@ fn native(state: &[u8], request: &Request) -> Result<fencecheck::Outcome, TestCa
         .check(Some(state), request)
         .map_err(|e| TestCaseError::fail(format!("{e}")))
 }
+
+/// A key with a secret of 10 to 70 bytes (some unusable) and a small id
+/// (so ids repeat).
+fn grant_key() -> impl Strategy<Value = fencecheck::GrantKey> {
+    (0u32..4, prop::collection::vec(any::<u8>(), 10..70))
+        .prop_map(|(key_id, secret)| fencecheck::GrantKey { key_id, secret })
+}
+
+/// How a signed request's signature is made: honestly by one of the keys,
+/// by a key outside the set, or as bytes; then maybe tampered.
+#[derive(Clone, Debug)]
+enum Signing {
+    Honest(usize),
+    Stranger(fencecheck::GrantKey),
+    Garbage(u32, String, Vec<u8>),
+    None,
+}
+
+fn signing() -> impl Strategy<Value = (Signing, Option<u8>)> {
+    (
+        prop_oneof![
+            6 => any::<usize>().prop_map(Signing::Honest),
+            1 => grant_key().prop_map(Signing::Stranger),
+            1 => (0u32..4, "[a-z]{0,3}", prop::collection::vec(any::<u8>(), 30..34))
+                .prop_map(|(k, l, t)| Signing::Garbage(k, l, t)),
+            1 => Just(Signing::None),
+        ],
+        prop_oneof![4 => Just(None), 1 => (0u8..4).prop_map(Some)],
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+
+    /// Signed checks on random sequences agree byte for byte between the
+    /// native reference and both wasm transports; an applied signed request
+    /// always carried an honest, untampered signature by a key of the set;
+    /// and nothing below the highest token is ever applied.
+    #[test]
+    fn signed_sequences_agree_and_only_honest_grants_apply(
+        steps in prop::collection::vec((request(), signing()), 1..30),
+        keys in prop::collection::vec(grant_key(), 0..4),
+    ) {
+        let fail = |e: &dyn std::fmt::Display| TestCaseError::fail(format!("{e}"));
+        let rt = runtime().map_err(|e| fail(&format!("{e:#}")))?;
+        let mut core = rt.instance().map_err(|e| fail(&e))?;
+        let mut component = rt.with_component_transport().instance().map_err(|e| fail(&e))?;
+        let mut state: Option<Vec<u8>> = None;
+        let mut highest: Option<Token> = None;
+        for (request, (how, tamper)) in &steps {
+            let mut request = request.clone();
+            let mut honest = false;
+            request.signature = match how {
+                Signing::Honest(i) if !keys.is_empty() => {
+                    let key = &keys[i % keys.len()];
+                    honest = true;
+                    fencecheck_guest::sign(&request.scope, request.token, "lease-1", key).ok()
+                }
+                Signing::Stranger(key) => {
+                    fencecheck_guest::sign(&request.scope, request.token, "lease-1", key).ok()
+                }
+                Signing::Garbage(key_id, lease_id, tag) => Some(fencecheck::GrantSignature {
+                    key_id: *key_id, lease_id: lease_id.clone(), tag: tag.clone(),
+                }),
+                _ => None,
+            };
+            if let (Some(t), Some(s)) = (tamper, request.signature.as_mut()) {
+                honest = false;
+                match t {
+                    0 => request.token.counter ^= 1,
+                    1 => s.lease_id.push('x'),
+                    2 => s.tag[0] ^= 1,
+                    _ => request.scope.push('x'),
+                }
+            }
+            let native = Native.check_signed(state.as_deref(), &request, &keys).map_err(|e| fail(&e))?;
+            for wasm in [&mut core, &mut component] {
+                let answer = wasm.check_signed(state.as_deref(), &request, &keys)
+                    .map_err(|e| fail(&format!("guest failed: {e}")))?;
+                prop_assert_eq!(&answer, &native);
+            }
+            if let Ok(Decision::Applied { state: next, highest: new_highest, .. }) = native {
+                // Keys that sign a colliding id could authenticate the other
+                // key's signature only if both secrets were equal.
+                prop_assert!(honest || request.signature.as_ref().is_some_and(|s| keys.iter().any(|k| {
+                    k.key_id == s.key_id
+                        && fencecheck_guest::sign(&request.scope, request.token, &s.lease_id, k).ok().as_ref() == Some(s)
+                })), "a request without an honest signature was applied: {:?}", request);
+                if let Some(previous) = highest {
+                    prop_assert!(request.token.grant_order(&previous) != Ordering::Less);
+                }
+                highest = Some(new_highest);
+                state = Some(next);
+            }
+        }
+    }
+}
