@@ -2,8 +2,11 @@
 the one it loaded (``fencecheck.component_version()``,
 ``Runtime.component_version``) and refuses, at load, a component of a version
 this package does not run. The other versions are the real component with the
-version in every ``fencecheck:fence…@0.1.0`` name rewritten (same length);
-wasmtime compiles (validates) them, so they differ only in that version."""
+version in every ``fencecheck:fence…@WIT_VERSION`` name rewritten (same
+length); wasmtime compiles (validates) them, so they differ only in that
+version. The released 0.1.0 (tests/fixtures/fencecheck-0.1.0.wasm, no
+``auth`` interface) is run too: an older patch of the line, without signed
+tokens."""
 
 import re
 
@@ -12,6 +15,8 @@ import pytest
 import fencecheck as fc
 from fencecheck import _wit
 from conftest import REPO
+
+FIXTURE_010 = REPO / "tests" / "fixtures" / "fencecheck-0.1.0.wasm"
 
 
 def _packaged() -> bytes:
@@ -73,25 +78,65 @@ def test_a_component_without_the_interface_is_refused() -> None:
     renamed = _packaged().replace(b"fencecheck:fence/check@", b"fencecheck:fence/chock@")
     with pytest.raises(fc.UnsupportedComponent) as e:
         fc.Runtime(component=renamed)
-    assert "fencecheck:fence/chock@0.1.0" in e.value.found
+    assert f"fencecheck:fence/chock@{fc.WIT_VERSION}" in e.value.found
 
 
-def test_a_compatible_patch_is_run() -> None:
-    """A 0.1.9 component is run, reports 0.1.9 and decides as the packaged one."""
-    rt = fc.Runtime(component=_rewrite(_packaged(), "0.1.9"))
-    assert rt.component_version == "0.1.9"
+@pytest.mark.parametrize("version", ["0.1.9", "0.1.0"])
+def test_a_patch_of_the_line_is_run(version: str) -> None:
+    """A newer (0.1.9) or older (0.1.0) patch is run, reports its version and
+    decides as the packaged one, on both transports (the core module's
+    exports are named after its own version), signed tokens included."""
+    rt = fc.Runtime(component=_rewrite(_packaged(), version), precompiled=False)
+    assert rt.component_version == version and rt.supports_signing
+    assert rt._core is not None, "the core transport binds the exports of its version"
     guest = rt.instance()
     d = guest.check(None, fc.Request("s", fc.Token(0, 0, 3)))
     assert d.name == "applied"
     assert guest.check(d.state, fc.Request("s", fc.Token(0, 0, 2))).name == "stale-fence"
     assert [r.name for r in guest.check_batch([(d.state, fc.Request("s", fc.Token(0, 0, 4)))])] == ["applied"]
     assert isinstance(guest.acquire(None, "lock", "lease-a", 0, 1000), fc.Acquired)  # the lease interface binds too
+    key = fc.GrantKey(1, b"k" * 32)
+    signed = fc.Request("s", fc.Token(0, 0, 4), signature=guest.sign("s", fc.Token(0, 0, 4), "lease-a", key))
+    assert guest.check_signed(d.state, signed, [key]).name == "applied"
+    assert guest._check_signed_typed(d.state, signed, [key]).name == "applied"
+
+
+def test_the_released_0_1_0_runs_without_signed_tokens() -> None:
+    """The released 0.1.0 (no auth interface) loads, on both transports, and
+    checks, batches and leases as before; check_signed, sign and
+    grant_message raise UnsupportedFeature naming the feature and the
+    version it needs, before anything is sent; the other calls still work."""
+    rt = fc.Runtime(FIXTURE_010, precompiled=False)
+    assert rt.component_version == "0.1.0" and not rt.supports_signing
+    assert rt._core is not None
+    guest = rt.instance()
+    d = guest.check(None, fc.Request("s", fc.Token(0, 0, 3)))
+    assert isinstance(d, fc.Applied)
+    assert [o.name for o in guest.check_batch([(d.state, fc.Request("s", fc.Token(0, 0, 2)))])] == ["stale-fence"]
+    key = fc.GrantKey(1, b"k" * 32)
+    calls = [
+        lambda: guest.check_signed(d.state, fc.Request("s", fc.Token(0, 0, 4)), [key]),
+        lambda: guest._check_signed_typed(d.state, fc.Request("s", fc.Token(0, 0, 4)), [key]),
+        lambda: guest.sign("s", fc.Token(0, 0, 4), "lease-a", key),
+        lambda: guest.grant_message("s", fc.Token(0, 0, 4), 1, "lease-a"),
+    ]
+    for call in calls:
+        with pytest.raises(fc.UnsupportedFeature) as e:
+            call()
+        assert str(e.value) == (
+            "the loaded component (fencecheck:fence@0.1.0) has no signed tokens: that needs 0.1.1 or later"
+        )
+        assert (e.value.feature, e.value.version, e.value.since) == ("signed tokens", "0.1.0", "0.1.1")
+        assert isinstance(e.value, fc.HostError) and not e.value.retryable
+    assert guest.check(d.state, fc.Request("s", fc.Token(0, 0, 4))).version == 2  # the instance still works
+    assert isinstance(guest.acquire(None, "lock", "lease-a", 0, 1000), fc.Acquired)
 
 
 @pytest.mark.parametrize(
     "names, found",
     [
         (["fencecheck:fence/check@0.1"], "fencecheck:fence/check@0.1"),
+        (["fencecheck:fence/check@0.2.0", "fencecheck:fence/auth@0.2.0"], "fencecheck:fence/check@0.2.0"),
         (["fencecheck:fence/check@0.1.0-rc1"], "fencecheck:fence/check@0.1.0-rc1"),
         (["fencecheck:fence/check@0.01.0"], "fencecheck:fence/check@0.01.0"),
         (["fencecheck:fence/check"], "fencecheck:fence/check without a version"),
@@ -106,3 +151,19 @@ def test_malformed_and_mixed_versions_are_refused(names: list[str], found: str) 
     with pytest.raises(fc.UnsupportedComponent) as e:
         _wit.vet(names)
     assert e.value.found == found
+
+
+@pytest.mark.parametrize(
+    "names, version, auth",
+    [
+        (["fencecheck:fence/check@0.1.0", "fencecheck:fence/lease@0.1.0"], "0.1.0", None),
+        (["fencecheck:fence/check@0.1.1", "fencecheck:fence/auth@0.1.1"], "0.1.1", "fencecheck:fence/auth@0.1.1"),
+        (["fencecheck:fence/check@0.1.42", "wasi:cli/run@0.2.0"], "0.1.42", None),
+    ],
+)
+def test_every_patch_of_the_line_is_vetted(names: list[str], version: str, auth) -> None:
+    """Older and newer patches of 0.1 pass; the auth interface is found only
+    where it is exported (0.1.0 has none)."""
+    vetted = _wit.vet(names)
+    assert vetted.version == version and vetted.auth_interface == auth
+    assert _wit.supported() == "fencecheck:fence@0.1.x"

@@ -33,7 +33,11 @@ from fencecheck.postgres import (
     UnsupportedLayout,
     fenced_write,
     install,
+    key_prefixes,
     load_state,
+    remove_keys,
+    scope_keys,
+    set_keys,
 )
 
 SCOPE = "report/july"
@@ -329,7 +333,8 @@ def test_install_is_idempotent_and_records_the_layout(db):
     install(conn)
     install(conn)
     assert _tables(db) == before
-    assert {"fencecheck_meta", "fencecheck_scopes", "fencecheck_objects"} <= {name for name, _ in before}
+    tables = {"fencecheck_meta", "fencecheck_scopes", "fencecheck_objects", "fencecheck_keys"}
+    assert tables <= {name for name, _ in before}
     assert db.query("SELECT value FROM fencecheck_meta WHERE key = 'layout'") == [(LAYOUT_VERSION,)]
     assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
 
@@ -353,10 +358,34 @@ def test_another_layout_is_refused_and_nothing_is_created(bare):
 
 
 def test_an_installed_layout_changed_later_is_refused(db):
-    db.execute("UPDATE fencecheck_meta SET value = 2 WHERE key = 'layout'")
-    with pytest.raises(UnsupportedLayout) as e:
-        install(db.connect())
-    assert e.value.found == 2
+    """A database that says layout 3 (a later version's) is refused; 0 too."""
+    for value in (3, 0):
+        db.execute(f"UPDATE fencecheck_meta SET value = {value} WHERE key = 'layout'")
+        with pytest.raises(UnsupportedLayout) as e:
+            install(db.connect())
+        assert e.value.found == value
+        assert db.query("SELECT value FROM fencecheck_meta WHERE key = 'layout'") == [(value,)]
+
+
+def test_layout_1_is_upgraded_in_place(bare, guest):
+    """A layout-1 database (fencecheck 0.1.0: no fencecheck_keys) is upgraded
+    to 2: its states and versions stay, the keys table is added, and the
+    stored fence goes on deciding."""
+    bare.execute(
+        "CREATE TABLE fencecheck_meta (key text NOT NULL PRIMARY KEY, value bigint NOT NULL);"
+        "INSERT INTO fencecheck_meta VALUES ('layout', 1);"
+        "CREATE TABLE fencecheck_scopes (scope text NOT NULL PRIMARY KEY, fence_state bytea NOT NULL,"
+        " version bigint NOT NULL, visible_object bigint, published_at_ms bigint)"
+    )
+    state = guest.check(None, fc.Request(SCOPE, tok(42))).state
+    with bare.connect(autocommit=True) as c:
+        c.execute("INSERT INTO fencecheck_scopes (scope, fence_state, version) VALUES (%s, %s, 1)", (SCOPE, state))
+    conn = bare.connect()
+    install(conn)
+    assert bare.query("SELECT value FROM fencecheck_meta") == [(2,)]
+    assert bare.query("SELECT fence_state, version FROM fencecheck_scopes") == [(state, 1)]
+    assert bare.query("SELECT count(*) FROM fencecheck_keys") == [(0,)]
+    assert fenced_write(conn, guest, fc.Request(SCOPE, tok(41)), lambda c, a: None) == fc.StaleFence(tok(41), tok(42))
 
 
 def _in_thread(results: dict, key: str, fn) -> threading.Thread:
@@ -528,3 +557,151 @@ def test_rust_and_python_writers_share_one_fence(db, guest):
     assert guest.inspect(final).highest == tok(44) and guest.inspect(final).version == 3
     assert fenced_write(conn, guest, fc.Request(SCOPE, tok(43)), publish("x")) == fc.StaleFence(tok(43), tok(44))
     assert visible(db) == "python-43"
+
+
+# -- signed tokens ------------------------------------------------------------
+
+
+def _key(key_id: int, fill: int) -> fc.GrantKey:
+    return fc.GrantKey(key_id, bytes([fill]) * 32)
+
+
+def _signed(guest, counter: int, k: fc.GrantKey, scope: str = SCOPE) -> fc.Request:
+    token = fc.Token(0, 1, counter)
+    return fc.Request(scope, token, signature=guest.sign(scope, token, "lease-1", k))
+
+
+def _try_write(conn, guest, request, mutate=None):
+    """fenced_write's answer: the decision, or the FenceError it raised."""
+    try:
+        return fenced_write(conn, guest, request, mutate or publish(f"v{request.token.counter}"))
+    except fc.FenceError as e:
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        return e
+
+
+def test_a_forged_maximum_token_locks_out_unsigned_scopes_only(db, guest):
+    """The lock-out attack on PostgreSQL: unkeyed, a forged u64::MAX token
+    applies and the honest signed grant is stale for good; keyed (set_keys),
+    the forger is refused (unsigned; bad-signature with a copied signature),
+    nothing changes, and the honest signed grant applies."""
+    u64 = 2**64 - 1
+    conn = db.connect()
+    k = _key(3, 0x33)
+    assert fenced_write(conn, guest, fc.Request("other/july", fc.Token(0, u64, u64)), publish("forged")).name == "applied"
+    assert _try_write(conn, guest, _signed(guest, 42, k, "other/july")).name == "stale-fence"
+
+    set_keys(conn, "report/", [k])
+    forged = fc.Request(SCOPE, fc.Token(0, u64, u64))
+    before = db.query("SELECT scope, fence_state, version FROM fencecheck_scopes ORDER BY scope"), visible(db)
+    refused = _try_write(conn, guest, forged)
+    assert isinstance(refused, fc.Unauthenticated) and refused.reason == "unsigned"
+    copied = forged.with_signature(_signed(guest, 42, k).signature)
+    assert _try_write(conn, guest, copied).reason == "bad-signature"
+    by_other_key = _signed(guest, 42, _key(9, 0x99))
+    assert _try_write(conn, guest, by_other_key).reason == "unknown-key"
+    assert (db.query("SELECT scope, fence_state, version FROM fencecheck_scopes ORDER BY scope"), visible(db)) == before
+    applied = _try_write(conn, guest, _signed(guest, 42, k))
+    assert isinstance(applied, fc.Applied) and applied.version == 1 and visible(db) == "v42"
+
+
+def test_keys_admin_api(db, guest):
+    """set_keys validates first and replaces a prefix's keys; the longest
+    prefix decides; remove_keys says whether there were keys; key_prefixes
+    lists ids only; an unusable stored set is the invalid-keys refusal."""
+    conn = db.connect()
+    k1, k2, k3 = _key(1, 1), _key(2, 2), _key(3, 3)
+    for keys, why in [([], "no-keys"), ([fc.GrantKey(1, b"x" * 15)], "short-secret"), ([k1, k1], "duplicate-key-id")]:
+        with pytest.raises(fc.KeySetError) as e:
+            set_keys(conn, "report/", keys)
+        assert e.value.reason == why
+    with pytest.raises(ValueError):
+        set_keys(conn, "x" * 1025, [k1])
+    assert key_prefixes(conn) == []
+    conn.rollback()
+    set_keys(conn, "", [k1])
+    set_keys(conn, "report/", [k2])
+    set_keys(conn, "report/", [k2, k3])
+    assert key_prefixes(conn) == [("", [1]), ("report/", [2, 3])]
+    assert scope_keys(conn, SCOPE) == [k2, k3] and scope_keys(conn, "repor") == [k1]
+    conn.rollback()
+    assert _try_write(conn, guest, _signed(guest, 1, k1)).reason == "unknown-key"
+    assert remove_keys(conn, "report/") and not remove_keys(conn, "report/")
+    assert _try_write(conn, guest, _signed(guest, 1, k1)).name == "applied"
+    assert remove_keys(conn, "")
+    assert scope_keys(conn, SCOPE) is None
+    conn.rollback()
+    assert _try_write(conn, guest, fc.Request(SCOPE, fc.Token(0, 1, 2))).name == "applied"
+    db.execute("INSERT INTO fencecheck_keys VALUES ('report/', 1, '\\x00')")
+    refused = _try_write(conn, guest, _signed(guest, 3, k1))
+    assert isinstance(refused, fc.InvalidKeys) and refused.reason == "short-secret"
+    conn.execute("SELECT 1")
+    with pytest.raises(psycopg.ProgrammingError, match="own transaction"):
+        set_keys(conn, "report/", [k1])
+
+
+def test_key_changes_wait_for_writes_in_flight(db, runtime):
+    """A key change waits for a fenced write in flight (it holds the scope's
+    row lock; set_keys takes fencecheck_scopes in EXCLUSIVE mode first): the
+    write decides with the keys it read and commits before the change; the
+    next write decides with the new keys."""
+    first = runtime.instance()
+    assert fenced_write(db.connect(), first, fc.Request(SCOPE, fc.Token(0, 1, 1)), publish("v1")).name == "applied"
+    inside, release = threading.Event(), threading.Event()
+    results: dict = {}
+
+    def hold(c, applied):
+        inside.set()
+        assert release.wait(20), "never released"
+        publish("v2")(c, applied)
+
+    writer = _in_thread(results, "write", lambda: fenced_write(
+        db.connect(), runtime.instance(), fc.Request(SCOPE, fc.Token(0, 1, 2)), hold))
+    assert inside.wait(20), "the writer never reached its mutation"
+    changer = _in_thread(results, "change", lambda: set_keys(db.connect(), "report/", [_key(3, 3)]))
+    try:
+        wait_for_lock_waiter(db, "LOCK TABLE fencecheck_scopes")
+        assert "change" not in results, "the key change did not wait for the write in flight"
+    finally:
+        release.set()
+        writer.join(20)
+        changer.join(20)
+    assert isinstance(results["write"], fc.Applied) and results["write"].version == 2
+    assert results["change"] is None and visible(db) == "v2"
+    refused = _try_write(db.connect(), first, fc.Request(SCOPE, fc.Token(0, 1, 3)))
+    assert isinstance(refused, fc.Unauthenticated) and refused.reason == "unsigned"
+    assert scope_row(db) == [(SCOPE, 2)]
+
+
+def test_writes_wait_for_a_key_change_in_flight(db, runtime):
+    """The other order: a write that starts while a key change holds its
+    lock waits on its row lock, then reads the committed keys (after the
+    lock), never the ones before the change."""
+    admin = db.connect()
+    admin.execute("LOCK TABLE fencecheck_scopes IN EXCLUSIVE MODE")  # a set_keys in flight
+    admin.execute("INSERT INTO fencecheck_keys VALUES ('', 1, %s)", (b"\1" * 32,))
+    results: dict = {}
+    writer = _in_thread(results, "write", lambda: _try_write(
+        db.connect(), runtime.instance(), fc.Request(SCOPE, fc.Token(0, 1, 1))))
+    try:
+        wait_for_lock_waiter(db, "SELECT fence_state FROM fencecheck_scopes")
+    finally:
+        admin.commit()
+        writer.join(20)
+    refused = results["write"]
+    assert isinstance(refused, fc.Unauthenticated) and refused.reason == "unsigned", refused
+    assert scope_row(db) == []
+
+
+def test_rust_writers_enforce_keys_python_set(db, guest):
+    """Keys set by Python (fencecheck_keys) bind the Rust fencecheck-postgres
+    writer too: its unsigned token is refused unauthenticated; removed, it
+    applies. One table of keys, whatever the language."""
+    conn = db.connect()
+    set_keys(conn, "report/", [_key(3, 3)])
+    assert _worker(db, "0.42") == "unauthenticated"
+    assert scope_row(db) == []
+    applied = _try_write(conn, guest, _signed(guest, 42, _key(3, 3)))
+    assert isinstance(applied, fc.Applied)
+    remove_keys(conn, "report/")
+    assert _worker(db, "1.43") == "applied 2"

@@ -143,15 +143,17 @@ def test_install_is_idempotent_and_records_the_layout(db):
     install(conn)
     assert schema(db) == before
     assert conn.execute("SELECT value FROM fencecheck_meta WHERE key = 'layout'").fetchone() == (LAYOUT_VERSION,)
-    assert {"fencecheck_meta", "fencecheck_scopes", "fencecheck_objects"} <= {name for _, name, _ in before}
+    tables = {"fencecheck_meta", "fencecheck_scopes", "fencecheck_objects", "fencecheck_keys"}
+    assert tables <= {name for _, name, _ in before}
     assert not conn.in_transaction
 
 
 @pytest.mark.parametrize(
-    "value, found", [("2", "2"), ("'1'", "'1'"), ("1.5", "1.5"), (None, None)]
+    "value, found", [("3", "3"), ("0", "0"), ("'1'", "'1'"), ("'2'", "'2'"), ("1.5", "1.5"), (None, None)]
 )
 def test_other_layouts_are_refused_and_nothing_is_created(tmp_path, value, found):
-    """Another layout number, a non-integer or no layout row: UnsupportedLayout, nothing created."""
+    """Another layout number (3, a future one; 0), a non-integer or no layout
+    row: UnsupportedLayout, nothing created (1 is upgraded, 2 is this one)."""
     path = tmp_path / "other.sqlite"
     conn = open_db(path)
     # No column affinity, so the text and real values stay what they are.
@@ -167,6 +169,31 @@ def test_other_layouts_are_refused_and_nothing_is_created(tmp_path, value, found
     assert ("no layout row" if found is None else f"layout {found}") in str(e.value)
     assert f"layout {LAYOUT_VERSION}" in str(e.value)
     assert schema(path) == before and not conn.in_transaction
+
+
+def test_layout_1_is_upgraded_in_place(tmp_path, guest):
+    """A layout-1 database (fencecheck 0.1.0's schema.sql: no fencecheck_keys)
+    is upgraded to 2 in place: its states and versions stay, the keys table
+    is added (empty), and the stored fence goes on deciding."""
+    path = tmp_path / "layout1.sqlite"
+    conn = open_db(path)
+    conn.executescript(
+        "CREATE TABLE fencecheck_meta (key TEXT NOT NULL PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;"
+        "INSERT INTO fencecheck_meta VALUES ('layout', 1);"
+        "CREATE TABLE fencecheck_scopes (scope TEXT NOT NULL PRIMARY KEY, fence_state BLOB NOT NULL,"
+        " version INTEGER NOT NULL, visible_object INTEGER, published_at_ms INTEGER) WITHOUT ROWID;"
+    )
+    state = guest.check(None, fc.Request("report/july", fc.Token(0, 0, 42))).state
+    conn.execute("INSERT INTO fencecheck_scopes (scope, fence_state, version) VALUES ('report/july', ?, 1)", (state,))
+    conn.commit()
+    install(conn)
+    assert conn.execute("SELECT value FROM fencecheck_meta").fetchall() == [(2,)]
+    assert conn.execute("SELECT fence_state, version FROM fencecheck_scopes").fetchall() == [(state, 1)]
+    assert conn.execute("SELECT count(*) FROM fencecheck_keys").fetchone() == (0,)
+    stale = fenced_write(conn, guest, fc.Request("report/july", fc.Token(0, 0, 41)), lambda c, a: None)
+    assert stale == fc.StaleFence(fc.Token(0, 0, 41), fc.Token(0, 0, 42))
+    install(conn)  # and again: layout 2 now, nothing changes
+    assert conn.execute("SELECT value FROM fencecheck_meta").fetchall() == [(2,)]
 
 
 def test_version_is_stored_and_the_catalog_pointer_kept(db, guest):

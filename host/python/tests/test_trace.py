@@ -58,10 +58,13 @@ def test_batches_trace_the_same_through_packed_and_typed_exports(guest):
         '{"slot":-1,"check":{"scope":"s","token":[0,1]}}',
         '{"batch":[{"slot":0,"check":{"scope":"s","token":[0,1]}},{"slot":0,"check":{"scope":"s","token":[0,2]}}]}',
         '{"slot":0,"damage":"melt"}',
+        '{"slot":0,"check":{"scope":"s","token":[0,1],"keys":[]}}',
+        '{"batch":[{"slot":0,"check":{"scope":"s","token":[0,1],"keys":[{"id":1,"secret":"00"}]}}]}',
         "not json",
     ],
 )
 def test_malformed_lines_stop_the_trace(guest, bad):
-    """Every malformed line raises instead of being skipped."""
+    """Every malformed line raises instead of being skipped (a check with
+    `keys`, too: a trace has no signed scopes, and check would drop them)."""
     with pytest.raises(VectorFormatError):
         run([bad], guest)

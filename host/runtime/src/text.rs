@@ -201,7 +201,7 @@ impl KeysText {
 }
 
 fn hex_bytes(s: &str) -> Option<Vec<u8>> {
-    if s.len() % 2 != 0 {
+    if !s.len().is_multiple_of(2) {
         return None;
     }
     let digit = |b: u8| char::from(b).to_digit(16);

@@ -8,6 +8,13 @@ standard library's ``sqlite3``, ``fencecheck.postgres.fenced_write`` for
 PostgreSQL through psycopg 3 (``SELECT ... FOR UPDATE`` the state row, check,
 write, commit; imported on its own, so psycopg is needed only there).
 
+Signed tokens (opt-in per scope): a lease authority signs each grant
+(``Instance.sign``), and a resource that requires signatures for a scope
+decides with ``Instance.check_signed`` and the keys it trusts for it
+(``fencecheck.sqlite.set_keys`` keeps them in the shared layout, and its
+``fenced_write`` then does this by itself). ``SignedToken`` is the text form
+``TOKEN~KEY-ID~LEASE~TAG``.
+
 >>> import fencecheck as fc
 >>> guest = fc.Runtime().instance()
 >>> d = guest.check(None, fc.Request("report/july", fc.Token(0, 0, 41)))
@@ -18,7 +25,7 @@ write, commit; imported on its own, so psycopg is needed only there).
 """
 
 from ._version import __version__  # the package version (Cargo.toml's; scripts/build-component)
-from ._guest import CHECK_INTERFACE, LEASE_INTERFACE, Instance, Limits, Runtime, component_version
+from ._guest import AUTH_INTERFACE, CHECK_INTERFACE, LEASE_INTERFACE, Instance, Limits, Runtime, component_version
 from ._wit import WIT_VERSION
 from ._types import (
     Acquired,
@@ -41,19 +48,42 @@ from ._types import (
     FencecheckError,
     FenceError,
     ForeignAuthority,
+    GrantKey,
+    GrantSignature,
     GuestTrapped,
     HostError,
+    InvalidKeys,
     InvalidRequest,
     Policy,
     Request,
     ScopeMismatch,
+    SignError,
     StaleFence,
     StateInfo,
     Token,
     TooLarge,
+    Unauthenticated,
+    UnsupportedFeature,
     UnsupportedStateVersion,
     VersionConflict,
     WindowEntry,
+    AUTH_FAILURES,
+    KEY_PROBLEMS,
+    MAX_KEYS,
+    MAX_SECRET_BYTES,
+    MIN_SECRET_BYTES,
+    TAG_BYTES,
+    key_problem,
+)
+from ._text import (
+    KeySetError,
+    SignedToken,
+    TokenTextError,
+    format_keys,
+    format_token,
+    parse_keys,
+    parse_token,
+    signing_key,
 )
 
 __all__ = [
@@ -64,6 +94,11 @@ __all__ = [
     "FencecheckError", "FenceError", "InvalidRequest", "CorruptState",
     "UnsupportedStateVersion", "ScopeMismatch", "ForeignAuthority", "Exhausted",
     "HostError", "ComponentLoadError", "UnsupportedComponent", "GuestTrapped", "PackedFormatError", "TooLarge",
+    "AUTH_INTERFACE", "GrantKey", "GrantSignature", "Unauthenticated", "InvalidKeys", "SignError",
+    "UnsupportedFeature", "AUTH_FAILURES", "KEY_PROBLEMS", "MAX_KEYS", "MIN_SECRET_BYTES", "MAX_SECRET_BYTES",
+    "TAG_BYTES", "key_problem",
+    "SignedToken", "TokenTextError", "KeySetError", "parse_token", "format_token", "parse_keys", "format_keys",
+    "signing_key",
     "LEASE_INTERFACE", "Acquired", "Busy", "Renewed", "Lost", "Released", "NotOwner",
     "Restored", "LeaseOutcome", "LeaseError",
 ]

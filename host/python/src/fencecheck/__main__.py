@@ -2,6 +2,7 @@
 precompiler the package build runs.
 
     python -m fencecheck vectors FILE...   # ends with `N passed, N failed`
+    python -m fencecheck vectors --transport core FILE...  # one transport (default: both)
     python -m fencecheck trace FILE        # one canonical line per step
     python -m fencecheck trace --batch typed FILE   # batches through typed check-batch
     python -m fencecheck precompile [--out DIR]     # machine code for this host (_precompiled)
@@ -16,10 +17,11 @@ from ._guest import Runtime
 from ._types import FencecheckError
 
 
-def _vectors(files: list[str], component: str | None) -> int:
+def _vectors(files: list[str], component: str | None, transport: str) -> int:
     from . import vectors
 
     guest = Runtime(component).instance()
+    transports = vectors.TRANSPORTS if transport == "both" else (transport,)
     passed = failed = 0
     for path in files:
         try:
@@ -32,7 +34,8 @@ def _vectors(files: list[str], component: str | None) -> int:
             print(f"FAIL {path}: {e}")
             failed += 1
             continue
-        failures = vectors.run(file, guest)
+        # A file passes only if it passes through every transport asked for.
+        failures = [f"[{t}] {line}" for t in transports for line in vectors.run(file, guest, t)]
         for line in failures:
             print(f"FAIL {path}: {line}")
         if failures:
@@ -68,6 +71,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--component", help="load this component file instead of the packaged one")
     sub = parser.add_subparsers(dest="command", required=True)
     v = sub.add_parser("vectors", help="run conformance vector files")
+    v.add_argument(
+        "--transport", choices=("both", "component", "core"), default="both",
+        help="how checks cross: the component API (check, typed check-signed), the core module's "
+        "check-packed (as check_batch and check_signed send them), or both (default)",
+    )
     v.add_argument("files", nargs="+")
     t = sub.add_parser("trace", help="run an agreement sequence (tests/agreement/README.md)")
     t.add_argument("file")
@@ -80,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command == "vectors":
-            return _vectors(args.files, args.component)
+            return _vectors(args.files, args.component, args.transport)
         if args.command == "precompile":
             return _precompile(args.component, args.out)
         from . import trace

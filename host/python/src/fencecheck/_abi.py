@@ -32,11 +32,13 @@ from ._types import (
     Exhausted,
     FenceError,
     ForeignAuthority,
+    InvalidKeys,
     InvalidRequest,
     Request,
     ScopeMismatch,
     StaleFence,
     Token,
+    Unauthenticated,
     UnsupportedStateVersion,
     VersionConflict,
 )
@@ -53,7 +55,7 @@ def _layout_ok() -> bool:
     return (
         (ctypes.sizeof(_V), _V.kind.offset, _V.of.offset, ctypes.sizeof(_E), _E.name.offset, _E.val.offset)
         == (32, 0, 8, 48, 0, 16)
-        and all(w.offset == 0 for w in words + (_U.option, _U.u64, _U.u8))
+        and all(w.offset == 0 for w in words + (_U.option, _U.u64, _U.u32, _U.u8))
         and (vec.size.offset, vec.data.offset) == (0, 8)
         and ffi.wasmtime_component_vallist_t.data.offset == 8
         and ffi.wasmtime_component_valrecord_t.data.offset == 8
@@ -73,7 +75,8 @@ def _kind(name: str) -> int:
     return int(getattr(ffi, "WASMTIME_COMPONENT_" + name).value)
 
 
-U8, U64, STRING, LIST, RECORD = _kind("U8"), _kind("U64"), _kind("STRING"), _kind("LIST"), _kind("RECORD")
+U8, U32, U64 = _kind("U8"), _kind("U32"), _kind("U64")
+STRING, LIST, RECORD = _kind("STRING"), _kind("LIST"), _kind("RECORD")
 ENUM, OPTION, RESULT, VARIANT = _kind("ENUM"), _kind("OPTION"), _kind("RESULT"), _kind("VARIANT")
 
 
@@ -222,39 +225,70 @@ def _u64s(entries: bytes, count: int) -> list[int]:
 def lift_outcome(value: bytes) -> Union[Decision, FenceError]:
     """One ``result<decision, check-error>`` value (32 raw bytes)."""
     _, is_ok, case_at, _ = _VALUE.unpack(value)
-    _, name_size, name_at, payload_at = _VALUE.unpack(_read(case_at, VAL))
-    tag = _read(name_at, name_size)
-    p = _read(payload_at, VAL) if payload_at else b""
+    tag, p = _case(case_at)
+    return _decision(tag, p) if is_ok & 0xFF else _check_error(tag, p)
+
+
+def lift_signed(result: Any) -> Union[Decision, FenceError]:
+    """The result of ``auth.check-signed``: ``result<decision,
+    signed-check-error>``, whose error is ``check(check-error)``,
+    ``invalid-keys(key-problem)`` or ``unauthenticated(auth-failure)``."""
+    _, is_ok, case_at, _ = _VALUE.unpack(bytes(result))
+    tag, p = _case(case_at)
     if is_ok & 0xFF:
-        if tag == b"applied":
-            raw, _ = _fields(p)
-            version = _ENTRY.unpack_from(raw, 0)[3]
-            highest = _token(_ENTRY.unpack_from(raw, ENTRY)[4])
-            _, n, elems, _ = _ENTRY.unpack_from(raw, 2 * ENTRY)[2:]
-            return Applied(version, highest, _read(elems, n * VAL)[8::VAL])
-        if tag == b"duplicate":
-            return Duplicate(_VALUE.unpack(p)[1])
-        if tag == b"stale-fence":
-            raw, _ = _fields(p)
-            return StaleFence(_token(_ENTRY.unpack_from(raw, 0)[4]), _token(_ENTRY.unpack_from(raw, ENTRY)[4]))
-        if tag == b"version-conflict":
-            return VersionConflict(*_u64s(*_fields(p)))
-    else:
-        _, w0, w1, _ = _VALUE.unpack(p) if p else (0, 0, 0, 0)
-        if tag == b"invalid-request":
-            return InvalidRequest(_read(w1, w0).decode())
-        if tag == b"corrupt-state":
-            return CorruptState(_read(w1, w0).decode())
-        if tag == b"unsupported-state-version":
-            return UnsupportedStateVersion(w0 & 0xFF)
-        if tag == b"scope-mismatch":
-            return ScopeMismatch(_read(w1, w0).decode())
-        if tag == b"foreign-authority":
-            return ForeignAuthority(*_u64s(*_fields(p)))
-        if tag == b"exhausted":
-            return Exhausted()
+        return _decision(tag, p)
+    if not p:
+        raise ValueError(f"signed-check-error case {tag!r} without a payload")
+    _, w0, w1, w2 = _VALUE.unpack(p)
+    if tag == b"check":  # the payload is the check-error variant: (name, payload pointer)
+        return _check_error(_read(w1, w0), _read(w2, VAL) if w2 else b"")
+    if tag == b"invalid-keys":
+        return InvalidKeys(_read(w1, w0).decode())
+    if tag == b"unauthenticated":
+        return Unauthenticated(_read(w1, w0).decode())
+    raise ValueError(f"unknown signed-check-error case {tag!r}")
+
+
+def _case(variant_at: int) -> tuple[bytes, bytes]:
+    """A variant value at ``variant_at``: its case name and payload value
+    (32 raw bytes; empty without a payload)."""
+    _, name_size, name_at, payload_at = _VALUE.unpack(_read(variant_at, VAL))
+    return _read(name_at, name_size), _read(payload_at, VAL) if payload_at else b""
+
+
+def _decision(tag: bytes, p: bytes) -> Decision:
+    if tag == b"applied":
+        raw, _ = _fields(p)
+        version = _ENTRY.unpack_from(raw, 0)[3]
+        highest = _token(_ENTRY.unpack_from(raw, ENTRY)[4])
+        _, n, elems, _ = _ENTRY.unpack_from(raw, 2 * ENTRY)[2:]
+        return Applied(version, highest, _read(elems, n * VAL)[8::VAL])
+    if tag == b"duplicate":
+        return Duplicate(_VALUE.unpack(p)[1])
+    if tag == b"stale-fence":
+        raw, _ = _fields(p)
+        return StaleFence(_token(_ENTRY.unpack_from(raw, 0)[4]), _token(_ENTRY.unpack_from(raw, ENTRY)[4]))
+    if tag == b"version-conflict":
+        return VersionConflict(*_u64s(*_fields(p)))
     # The signature check at load makes this unreachable; fail closed anyway.
-    raise ValueError(f"unknown case {tag!r}")
+    raise ValueError(f"unknown decision case {tag!r}")
+
+
+def _check_error(tag: bytes, p: bytes) -> FenceError:
+    _, w0, w1, _ = _VALUE.unpack(p) if p else (0, 0, 0, 0)
+    if tag == b"invalid-request":
+        return InvalidRequest(_read(w1, w0).decode())
+    if tag == b"corrupt-state":
+        return CorruptState(_read(w1, w0).decode())
+    if tag == b"unsupported-state-version":
+        return UnsupportedStateVersion(w0 & 0xFF)
+    if tag == b"scope-mismatch":
+        return ScopeMismatch(_read(w1, w0).decode())
+    if tag == b"foreign-authority":
+        return ForeignAuthority(*_u64s(*_fields(p)))
+    if tag == b"exhausted":
+        return Exhausted()
+    raise ValueError(f"unknown check-error case {tag!r}")
 
 
 def lift_check(result: Any) -> Union[Decision, FenceError]:

@@ -12,7 +12,9 @@ Used only when the component has the shape wit-component gives an
 import-free guest: exactly one core module anywhere in the binary (so every
 instruction the component runs is in it), importing nothing, and exporting
 ``memory``, ``cabi_realloc``, the check-packed function ``(i32, i32) -> i32``
-and its post-return ``(i32) -> ()``. Otherwise ``core_module`` returns
+and its post-return ``(i32) -> ()``, named after the check interface at the
+component's version (``fencecheck:fence/check@0.1.1#check-packed``; an older
+patch of the line has its own version there). Otherwise ``core_module`` returns
 ``None`` and the caller keeps the component API. Every pointer and length the
 guest returns is bounds-checked; anything off raises ``PackedFormatError``.
 """
@@ -20,6 +22,7 @@ guest returns is bounds-checked; anything off raises ``PackedFormatError``.
 from __future__ import annotations
 
 import ctypes
+import re
 import struct
 from typing import Optional, Union
 
@@ -27,8 +30,10 @@ import wasmtime
 
 from ._types import PackedFormatError
 
-EXPORT = "fencecheck:fence/check@0.1.0#check-packed"
+INTERFACE = "fencecheck:fence/check@0.1.1"  # the version this package was written for (_wit.WIT_VERSION)
+EXPORT = INTERFACE + "#check-packed"
 POST_RETURN = "cabi_post_" + EXPORT
+_ANY_EXPORT = re.compile(r"fencecheck:fence/check@[^#]+#check-packed")
 
 _PREAMBLE = b"\0asm\x0d\x00\x01\x00"  # component binary, layer 1
 _CORE_MODULE, _COMPONENT = 1, 4  # section ids
@@ -95,13 +100,22 @@ def core_module(engine: wasmtime.Engine, component: bytes) -> Optional[wasmtime.
     return checked(module)
 
 
-def checked(module: wasmtime.Module) -> Optional[wasmtime.Module]:
+def checked(module: wasmtime.Module, interface: Optional[str] = None) -> Optional[wasmtime.Module]:
     """``module`` if it imports nothing and has the four exports with their
     exact core types, else ``None``. Also applied to a precompiled module
-    (``_precompiled``), so both ways of getting it are held to one shape."""
+    (``_precompiled``), so both ways of getting it are held to one shape.
+    ``interface``: the check interface the exports must be named after (the
+    vetted component's); ``None``: whichever one check-packed export has."""
     if list(module.imports):
         return None
     exports = {e.name: e.type for e in module.exports}
+    if interface is None:
+        named = [n for n in exports if _ANY_EXPORT.fullmatch(n)]
+        if len(named) != 1:
+            return None
+        export = named[0]
+    else:
+        export = interface + "#check-packed"
 
     def func(name: str, params: list[str], results: list[str]) -> bool:
         ty = exports.get(name)
@@ -114,8 +128,8 @@ def checked(module: wasmtime.Module) -> Optional[wasmtime.Module]:
     ok = (
         isinstance(exports.get("memory"), wasmtime.MemoryType)
         and func("cabi_realloc", ["i32"] * 4, ["i32"])
-        and func(EXPORT, ["i32", "i32"], ["i32"])
-        and func(POST_RETURN, ["i32"], [])
+        and func(export, ["i32", "i32"], ["i32"])
+        and func("cabi_post_" + export, ["i32"], [])
     )
     return module if ok else None
 
@@ -124,13 +138,13 @@ class Packed:
     """One core instance in a store: ``call(batch)`` returns the output bytes
     or the ``batch-error`` case name. Traps propagate as wasmtime errors."""
 
-    def __init__(self, store: wasmtime.Store, module: wasmtime.Module) -> None:
+    def __init__(self, store: wasmtime.Store, module: wasmtime.Module, interface: str = INTERFACE) -> None:
         exports = wasmtime.Instance(store, module, []).exports(store)
         self._store = store
         self._memory = exports["memory"]
         self._realloc = exports["cabi_realloc"]
-        self._check = exports[EXPORT]
-        self._post = exports[POST_RETURN]
+        self._check = exports[interface + "#check-packed"]
+        self._post = exports["cabi_post_" + interface + "#check-packed"]
 
     def call(self, batch: bytes) -> Union[bytes, str]:
         store, memory = self._store, self._memory

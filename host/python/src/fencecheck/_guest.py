@@ -11,11 +11,15 @@ faster than wasmtime-py's generic conversion). ``check_batch`` encodes its
 pairs for ``check-packed`` (``_packed``) and, when the component has the
 expected shape, calls that export on the component's core module with one
 copy each way (``_core``), about 10x faster than the typed ``check-batch``;
-otherwise through the component API. The exported signatures are compared at
+otherwise through the component API. ``check_signed`` (signed tokens, the
+``auth`` interface of 0.1.1) takes the same two ways: a one-item
+``check-packed`` batch with keys and signature on the core module, else the
+typed ``auth.check-signed``. The exported signatures are compared at
 load with the ones these codecs were written for, so a changed contract fails
 at load, not at run time. ``_abi`` relies on wasmtime-py's ``_ffi`` module,
 hence the exact version pin. The rarer calls (``inspect``, the lease
-functions) use the generic conversion for arguments.
+functions, ``sign``, ``grant_message``) use the generic conversion for
+arguments.
 """
 
 from __future__ import annotations
@@ -41,6 +45,8 @@ from ._types import (
     Exhausted,
     FenceError,
     ForeignAuthority,
+    GrantKey,
+    GrantSignature,
     GuestTrapped,
     InvalidRequest,
     LeaseError,
@@ -52,17 +58,24 @@ from ._types import (
     Request,
     Restored,
     ScopeMismatch,
+    SignError,
     StateInfo,
     Token,
     TooLarge,
+    UnsupportedFeature,
     UnsupportedStateVersion,
     WindowEntry,
+    _keys,
+    _u32,
     _u64,
     _utf8,
 )
 
-CHECK_INTERFACE = "fencecheck:fence/check@0.1.0"
-LEASE_INTERFACE = "fencecheck:fence/lease@0.1.0"
+CHECK_INTERFACE = "fencecheck:fence/check@0.1.1"
+LEASE_INTERFACE = "fencecheck:fence/lease@0.1.1"
+AUTH_INTERFACE = "fencecheck:fence/auth@0.1.1"
+SIGNED_TOKENS_SINCE = "0.1.1"
+"""The first component version with the ``auth`` interface (signed tokens)."""
 
 _V = ffi.wasmtime_component_val_t
 
@@ -125,16 +138,35 @@ _REQUEST = (
     f"record{{scope:string,token:{_TOKEN},policy:enum{{strict,allow-equal}},"
     "op-id:option<string>,expected-version:option<u64>}"
 )
-_OUTCOME = (
-    f"result<variant{{applied(record{{version:u64,highest:{_TOKEN},state:list<u8>}}),"
+_DECISION = (
+    f"variant{{applied(record{{version:u64,highest:{_TOKEN},state:list<u8>}}),"
     f"duplicate(u64),stale-fence(record{{presented:{_TOKEN},highest:{_TOKEN}}}),"
-    "version-conflict(record{expected:u64,actual:u64})},"
+    "version-conflict(record{expected:u64,actual:u64})}"
+)
+_CHECK_ERROR = (
     "variant{invalid-request(enum{missing-token,empty-scope,scope-too-long,empty-op-id,"
     "op-id-too-long,equal-token-unguarded}),"
     "corrupt-state(enum{truncated,length-mismatch,checksum-mismatch,malformed}),"
     "unsupported-state-version(u8),scope-mismatch(string),"
-    "foreign-authority(record{stored:u64,presented:u64}),exhausted}>"
+    "foreign-authority(record{stored:u64,presented:u64}),exhausted}"
 )
+_OUTCOME = f"result<{_DECISION},{_CHECK_ERROR}>"
+_KEY = "record{key-id:u32,secret:list<u8>}"
+_SIGNATURE = "record{key-id:u32,lease-id:string,tag:list<u8>}"
+_KEY_PROBLEM = "enum{no-keys,too-many-keys,short-secret,long-secret,duplicate-key-id}"
+_EXPECTED_AUTH = {
+    "check-signed": (
+        f"state:option<list<u8>>,request:{_REQUEST},signature:option<{_SIGNATURE}>,keys:list<{_KEY}>",
+        f"result<{_DECISION},variant{{check({_CHECK_ERROR}),invalid-keys({_KEY_PROBLEM}),"
+        "unauthenticated(enum{unsigned,unknown-key,malformed-signature,bad-signature})}>",
+    ),
+    "sign": (
+        f"scope:string,token:{_TOKEN},lease-id:string,key:{_KEY}",
+        f"result<{_SIGNATURE},variant{{empty-scope,scope-too-long,missing-token,empty-lease-id,"
+        f"lease-id-too-long,invalid-key({_KEY_PROBLEM})}}>",
+    ),
+    "grant-message": (f"scope:string,token:{_TOKEN},key-id:u32,lease-id:string", "list<u8>"),
+}
 _EXPECTED = {
     "check": (f"state:option<list<u8>>,request:{_REQUEST}", _OUTCOME),
     "check-batch": (f"items:list<record{{state:option<list<u8>>,request:{_REQUEST}}}>", f"list<{_OUTCOME}>"),
@@ -160,9 +192,13 @@ class Runtime:
     """
 
     component_version: str
-    """The loaded component's WIT package version (``"0.1.0"``), from its
+    """The loaded component's WIT package version (``"0.1.1"``), from its
     export names; a component whose version this package does not run is
     refused at load with ``UnsupportedComponent``."""
+    supports_signing: bool
+    """Whether the component has signed tokens (the ``auth`` interface, 0.1.1
+    or later); without it ``check_signed`` and ``sign`` raise
+    ``UnsupportedFeature``."""
     loaded_from: str
     """``"precompiled"`` (deserialized artifacts) or ``"compiled"`` (Cranelift,
     in this process)."""
@@ -210,9 +246,10 @@ class Runtime:
             raise ComponentLoadError(f"reading the component's exports: {e}") from None
         vetted = _wit.vet(exports.keys())
         self.component_version = vetted.version
-        self._interfaces = (vetted.check_interface, vetted.lease_interface)
-        if vetted.check_interface != CHECK_INTERFACE:
-            self._core = None  # _core's export names are this version's; the component API binds any
+        self.supports_signing = vetted.auth_interface is not None
+        self._interfaces = (vetted.check_interface, vetted.lease_interface, vetted.auth_interface)
+        if self._core is not None:  # its exports must be named after the vetted version
+            self._core = _core.checked(self._core, vetted.check_interface)
         # The component imports nothing: an empty linker refuses any import.
         self._linker = wc.Linker(self._engine)
 
@@ -226,7 +263,7 @@ _DEFAULT: Optional[Runtime] = None
 
 def component_version() -> str:
     """The WIT package version of the component this package runs by default
-    (the packaged one), e.g. ``"0.1.0"``: read from the loaded component's
+    (the packaged one), e.g. ``"0.1.1"``: read from the loaded component's
     export names. Loads it once per process (``Runtime()``); raises
     ``ComponentLoadError`` (``UnsupportedComponent``) as that would.
     ``Runtime.component_version`` gives the same for any other component."""
@@ -256,9 +293,10 @@ class Instance:
             funcs = self._lookup(rt._interfaces[0], ("check", "check-batch", "check-packed", "inspect"))
         except wasmtime.WasmtimeError as e:
             raise ComponentLoadError(f"instantiating the fencecheck component: {e}") from None
-        _verify(self._store, funcs)
+        _verify(self._store, funcs, _EXPECTED)
         self._funcs = funcs
         self._lease_funcs: Optional[dict[str, Any]] = None  # looked up on first use
+        self._auth_funcs: Optional[dict[str, Any]] = None  # looked up (and verified) on first use
         self._packed: Optional[_core.Packed] = None  # instantiated on first use
 
     # -- the three exports -------------------------------------------------
@@ -275,6 +313,124 @@ class Instance:
         if isinstance(outcome, FenceError):
             raise outcome
         return outcome
+
+    def check_signed(self, state: Optional[bytes], request: Request, keys: Iterable[GrantKey]) -> Decision:
+        """Decide one request on a scope that requires signed tokens:
+        ``request.signature`` is verified against ``keys`` (the keys the
+        resource trusts for this scope) before the state is read, then the
+        rules of ``check`` apply. Raises ``Unauthenticated`` (``unsigned``,
+        ``unknown-key``, ``malformed-signature``, ``bad-signature``),
+        ``InvalidKeys`` (the key set is unusable) or any other ``FenceError``
+        of ``check``; ``UnsupportedFeature`` if the loaded component predates
+        signed tokens (nothing is sent); ``HostError`` if it cannot run.
+
+        Crosses as a one-item ``check-packed`` batch with keys and signature
+        (flags 4 and 5) on the core module when the runtime has one, else
+        through the typed ``auth.check-signed``."""
+        self._require_auth()
+        keys = _keys(keys)
+        if self._runtime._core is None:
+            return self._check_signed_typed(state, request, keys)
+        batch, n, size = _packed.encode([(state, request)], keys)
+        self._bound("check-signed", size)
+        out = self._check_packed(batch, n)
+        if isinstance(out, str):
+            raise PackedFormatError("input", f"batch-error `{out}` for a signed check, {len(batch)} bytes")
+        try:
+            [outcome] = _packed.decode(out, 1, signed=True)
+        except PackedFormatError:
+            self._instantiate()  # a guest that wrote garbage is not trusted again
+            raise
+        if isinstance(outcome, FenceError):
+            raise outcome
+        return outcome
+
+    def _check_signed_typed(self, state: Optional[bytes], request: Request, keys: Iterable[GrantKey]) -> Decision:
+        """``check_signed`` through the typed ``auth.check-signed`` (the
+        component API): state and request lowered raw (``_abi``), signature
+        and keys by wasmtime-py's generic conversion. Always this way when
+        the runtime has no core module; tests compare the two."""
+        self._require_auth()
+        keys = _keys(keys)
+        keep, raw, size = _abi.lower_check(state, request)
+        sig = request.signature
+        size += sum(len(k.secret) + 5 for k in keys) + (len(sig.lease_id.encode()) + len(sig.tag) if sig else 0)
+        self._bound("check-signed", size)
+        func, types = self._auth()["check-signed"]
+        args = (_V * 4)()
+        ctypes.memmove(args, raw, 2 * _abi.VAL)  # state and request: borrowed from `keep`
+        signature = None if sig is None else _wit_record(key_id=sig.key_id, lease_id=sig.lease_id, tag=sig.tag)
+        converted = 0
+        try:
+            for i, value in ((2, signature), (3, [_key_rec(k) for k in keys])):
+                types[i].convert_to_c(self._store, value, ctypes.pointer(args[i]))
+                converted += 1
+            outcome = self._call("check-signed", func, 1, args, 4, _abi.lift_signed)
+        finally:
+            for i in range(converted):
+                ffi.wasmtime_component_val_delete(ctypes.byref(args[2 + i]))
+        del keep
+        if isinstance(outcome, FenceError):
+            raise outcome
+        return outcome
+
+    def sign(self, scope: str, token: Token, lease_id: str, key: GrantKey) -> GrantSignature:
+        """Sign the grant of ``token`` to ``lease_id`` for ``scope`` (the
+        lock's name: a signed token is valid only on the scope named like its
+        lock) with ``key``: what a lease authority attaches to the token it
+        hands out. Raises ``SignError`` (``empty-scope``, ``scope-too-long``,
+        ``missing-token``, ``empty-lease-id``, ``lease-id-too-long``,
+        ``invalid-key`` with the key problem), ``UnsupportedFeature`` if the
+        component predates signed tokens."""
+        self._require_auth()
+        if not isinstance(key, GrantKey):
+            raise TypeError("key must be a fencecheck.GrantKey")
+        values = (_utf8("scope", scope), _token_rec(token), _utf8("lease_id", lease_id), _key_rec(key))
+        size = len(scope.encode()) + len(lease_id.encode()) + len(key.secret)
+        tag, p = self._generic("sign", self._auth()["sign"][0], values, size)
+        if tag == "ok" and isinstance(p, dict) and set(p) == {"key-id", "lease-id", "tag"}:
+            return GrantSignature(p["key-id"], p["lease-id"], bytes(p["tag"]))
+        if tag == "err" and isinstance(p, tuple) and p[0] in _SIGN_ERRORS:
+            raise SignError(p[0], p[1])
+        self._instantiate()  # a guest that answered off its contract is not trusted again
+        raise GuestTrapped("sign", f"unknown sign result {tag!r} {p!r}")
+
+    def grant_message(self, scope: str, token: Token, key_id: int, lease_id: str) -> bytes:
+        """The bytes a signature's tag is the HMAC-SHA256 of (little-endian:
+        ``"fencecheck-grant-v1\\0" | scope-len u32 | scope | authority u64 |
+        epoch u64 | counter u64 | key-id u32 | lease-len u32 | lease-id``),
+        for signers and tools outside the component. ``UnsupportedFeature``
+        if the component predates signed tokens."""
+        self._require_auth()
+        values = (_utf8("scope", scope), _token_rec(token), _u32("key_id", key_id), _utf8("lease_id", lease_id))
+        message = self._generic(
+            "grant-message", self._auth()["grant-message"][0], values, len(scope.encode()) + len(lease_id.encode())
+        )
+        if not isinstance(message, bytes):
+            self._instantiate()
+            raise GuestTrapped("grant-message", f"not a list<u8>: {message!r}")
+        return message
+
+    def _require_auth(self) -> None:
+        rt = self._runtime
+        if not rt.supports_signing:
+            raise UnsupportedFeature("signed tokens", rt.component_version, SIGNED_TOKENS_SINCE)
+
+    def _auth(self) -> dict[str, tuple[Any, list[Any]]]:
+        """The auth exports (function, parameter types), looked up and their
+        signatures verified on first use."""
+        if self._auth_funcs is None:
+            interface = self._runtime._interfaces[2]
+            assert interface is not None  # _require_auth ran first
+            try:
+                funcs = self._lookup(interface, tuple(_EXPECTED_AUTH))
+            except wasmtime.WasmtimeError as e:
+                raise ComponentLoadError(f"binding {interface}: {e}") from None
+            _verify(self._store, funcs, _EXPECTED_AUTH)
+            self._auth_funcs = {
+                name: (f, [t for _, t in f.type(self._store).params]) for name, f in funcs.items()
+            }
+        return self._auth_funcs
 
     def check_batch(
         self, items: Iterable[tuple[Optional[bytes], Request]]
@@ -313,7 +469,7 @@ class Instance:
         self._store.set_fuel(self._runtime.limits.fuel_per_check * max(items, 1))
         try:
             if self._packed is None:
-                self._packed = _core.Packed(self._store, core)
+                self._packed = _core.Packed(self._store, core, self._runtime._interfaces[0])
             return self._packed.call(batch)
         except PackedFormatError:
             self._instantiate()
@@ -415,24 +571,28 @@ class Instance:
         if state is not None:
             state = bytes(state)
         strings = sum(len(v) for a in args for v in vars(a).values() if isinstance(v, str))
-        self._bound(name, len(state or b"") + strings)
-        func = self._lease_funcs[name]
-        values = (state, *args)
+        tag, payload = self._generic(name, self._lease_funcs[name], (state, *args), len(state or b"") + strings)
+        try:
+            return _lease_result(name, tag, payload)
+        except GuestTrapped:
+            self._instantiate()  # a guest that answered off its contract is not trusted again
+            raise
+
+    def _generic(self, name: str, func: Any, values: tuple[Any, ...], size: int) -> Any:
+        """Call ``func`` with ``values`` converted by wasmtime-py's generic
+        conversion (bounded by ``size`` input bytes); its result read raw
+        (``_lift_raw``)."""
+        self._bound(name, size)
         params = (_V * len(values))()
         done = 0
         try:
             for (_, ty), value in zip(func.type(self._store).params, values):
                 ty.convert_to_c(self._store, value, ctypes.pointer(params[done]))
                 done += 1
-            tag, payload = self._call(name, func, 1, params, done, _lift_raw)
+            return self._call(name, func, 1, params, done, _lift_raw)
         finally:
             for i in range(done):
                 ffi.wasmtime_component_val_delete(ctypes.byref(params[i]))
-        try:
-            return _lease_result(name, tag, payload)
-        except GuestTrapped:
-            self._instantiate()  # a guest that answered off its contract is not trusted again
-            raise
 
     def _lookup(self, interface: str, names: tuple[str, ...]) -> dict[str, Any]:
         store, inst = self._store, self._inst
@@ -482,8 +642,8 @@ class Instance:
                 raise GuestTrapped(call, message)
 
 
-def _verify(store: wasmtime.Store, funcs: dict[str, Any]) -> None:
-    for name, (params, result) in _EXPECTED.items():
+def _verify(store: wasmtime.Store, funcs: dict[str, Any], expected: dict[str, tuple[str, str]]) -> None:
+    for name, (params, result) in expected.items():
         ty = funcs[name].type(store)
         got = (",".join(f"{n}:{_signature(t)}" for n, t in ty.params), _signature(ty.result))
         if got != (params, result):
@@ -508,6 +668,10 @@ def _token_rec(t: Token) -> wc.Record:
     return _wit_record(authority=t.authority, epoch=t.epoch, counter=t.counter)
 
 
+def _key_rec(k: GrantKey) -> wc.Record:
+    return _wit_record(key_id=k.key_id, secret=k.secret)
+
+
 def _token_of(r: dict[str, int]) -> Token:
     return Token(r["authority"], r["epoch"], r["counter"])
 
@@ -522,6 +686,8 @@ def _lift_raw(v: Any) -> Any:
     k = v.kind
     if k == _abi.U8:
         return v.of.u8
+    if k == _abi.U32:
+        return v.of.u32
     if k == _abi.U64:
         return v.of.u64
     if k == _abi.STRING:
@@ -545,7 +711,7 @@ def _lift_raw(v: Any) -> Any:
         if all(i.kind == _abi.U8 for i in items):
             return bytes(i.of.u8 for i in items)
         return [_lift_raw(i) for i in items]
-    raise GuestTrapped("lease", f"unexpected value kind {k}")
+    raise ValueError(f"unexpected value kind {k}")
 
 
 # The cases of each lease export's ok variant (None: a record), and of
@@ -556,6 +722,7 @@ _LEASE_OUTCOMES: dict[str, Optional[tuple[str, ...]]] = {
     "release": ("released", "not-owner"),
     "restore": None,
 }
+_SIGN_ERRORS = ("empty-scope", "scope-too-long", "missing-token", "empty-lease-id", "lease-id-too-long", "invalid-key")
 _LEASE_ERRORS = (
     "invalid-request", "corrupt-state", "unsupported-state-version", "lock-mismatch", "foreign-authority", "exhausted",
 )

@@ -15,12 +15,18 @@ that do not parse would be worse than no outcome.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Optional, Union
 
 from ._types import (
+    AUTH_FAILURES,
+    KEY_PROBLEMS,
+    MAX_KEYS,
     Applied,
     CorruptState,
+    GrantKey,
+    InvalidKeys,
+    Unauthenticated,
     Decision,
     Duplicate,
     Exhausted,
@@ -37,12 +43,14 @@ from ._types import (
     VersionConflict,
 )
 
-# Input flags (bits 4-7 must be zero).
-STATE, OP_ID, EXPECTED, ALLOW_EQUAL = 1, 2, 4, 8
+# Input flags (bits 6-7 must be zero). KEYS: the scope requires signed
+# tokens (the item is decided as auth.check-signed); SIGNATURE only with it.
+STATE, OP_ID, EXPECTED, ALLOW_EQUAL, KEYS, SIGNATURE = 1, 2, 4, 8, 16, 32
 
 # Output tags.
 APPLIED, DUPLICATE, STALE_FENCE, VERSION_CONFLICT = 0, 1, 2, 3
 INVALID_REQUEST, CORRUPT_STATE, UNSUPPORTED, SCOPE_MISMATCH, FOREIGN_AUTHORITY, EXHAUSTED = range(128, 134)
+UNAUTHENTICATED, INVALID_KEYS = 134, 135  # only for items sent with KEYS
 
 # Case indexes of the WIT enums, in declaration order.
 INVALID_REASONS = (
@@ -62,10 +70,17 @@ _U64X6 = struct.Struct("<QQQQQQ")
 Outcome = Union[Decision, FenceError]
 
 
-def encode(items: Iterable[tuple[Optional[bytes], Request]]) -> tuple[bytes, int, int]:
+def encode(
+    items: Iterable[tuple[Optional[bytes], Request]], keys: Optional[Sequence[GrantKey]] = None
+) -> tuple[bytes, int, int]:
     """Encode ``(state, request)`` pairs; returns ``(batch, count, input_bytes)``
     where ``input_bytes`` counts states, scopes and op-ids (what
     ``Limits.call_bytes`` bounds, as for ``check``).
+
+    ``keys``: ``None`` for unsigned items (a request's signature is then not
+    sent: ``check`` ignores it); else every item is decided as
+    ``check-signed`` with these keys and its request's signature, which
+    ``input_bytes`` then also counts.
 
     Raises ``TypeError`` for a state that is not bytes-like or an item that is
     not a ``Request``, before anything is sent."""
@@ -73,6 +88,8 @@ def encode(items: Iterable[tuple[Optional[bytes], Request]]) -> tuple[bytes, int
     append = parts.append
     head, head_expected, u32 = _HEAD.pack, _HEAD_EXPECTED.pack, _U32.pack
     size = count = 0
+    if keys is not None:
+        auth_keys, key_bytes = _keys(keys)
     for state, r in items:
         if type(r) is not Request:
             if not isinstance(r, Request):
@@ -89,6 +106,8 @@ def encode(items: Iterable[tuple[Optional[bytes], Request]]) -> tuple[bytes, int
         if op is not None:
             flags |= OP_ID
             op = op.encode()
+        if keys is not None:
+            flags |= KEYS | (SIGNATURE if r.signature is not None else 0)
         if ev is None:
             append(head(flags, t.authority, t.epoch, t.counter, len(scope)))
         else:
@@ -104,13 +123,47 @@ def encode(items: Iterable[tuple[Optional[bytes], Request]]) -> tuple[bytes, int
             append(u32(len(state)))
             append(state)
             size += len(state)
+        if keys is not None:
+            append(auth_keys)
+            size += key_bytes
+            sig = r.signature
+            if sig is not None:
+                lease = sig.lease_id.encode()
+                append(u32(sig.key_id) + u32(len(lease)) + lease + _short(sig.tag))
+                size += len(lease) + len(sig.tag)
         count += 1
     parts[0] = u32(count)
     return b"".join(parts), count, size
 
 
-def decode(out: bytes, expected: int) -> list[Outcome]:
-    """Decode the guest's output for a batch of ``expected`` items.
+def _keys(keys: Sequence[GrantKey]) -> tuple[bytes, int]:
+    """``key-count u8 | key-count x (key-id u32 | secret-len u8 | secret)``
+    and the bytes it counts for ``Limits.call_bytes`` (as the Rust host:
+    secret + 5 per key). What the u8 counts cannot carry is cut to what the
+    guest judges the same way, so the guest still makes every decision:
+    more than 255 keys become the first ``MAX_KEYS + 1`` (``too-many-keys``,
+    checked before any key); a secret or tag longer than 255 bytes its first
+    255 (``long-secret``; a tag not 32 bytes is ``malformed-signature``)."""
+    keys = list(keys)
+    for k in keys:
+        if not isinstance(k, GrantKey):
+            raise TypeError(f"a key must be a fencecheck.GrantKey, got {type(k).__name__}")
+    size = sum(len(k.secret) + 5 for k in keys)
+    if len(keys) > 255:
+        keys = keys[: MAX_KEYS + 1]
+    return bytes([len(keys)]) + b"".join(_U32.pack(k.key_id) + _short(k.secret) for k in keys), size
+
+
+def _short(data: bytes) -> bytes:
+    data = data[:255]
+    return bytes([len(data)]) + data
+
+
+def decode(out: bytes, expected: int, signed: bool = False) -> list[Outcome]:
+    """Decode the guest's output for a batch of ``expected`` items;
+    ``signed``: the batch was sent with keys (``encode(..., keys)``), so
+    ``unauthenticated`` and ``invalid-keys`` may be among the outcomes (in
+    an unsigned batch they are off the format).
 
     Raises ``PackedFormatError`` (never a guessed outcome) if ``out`` does not
     follow the format exactly."""
@@ -165,6 +218,12 @@ def decode(out: bytes, expected: int) -> list[Outcome]:
                 o += 16
             elif tag == EXHAUSTED:
                 append(Exhausted())
+            elif tag == UNAUTHENTICATED and signed:
+                append(Unauthenticated(_case(AUTH_FAILURES, out[o], "auth-failure")))
+                o += 1
+            elif tag == INVALID_KEYS and signed:
+                append(InvalidKeys(_case(KEY_PROBLEMS, out[o], "key-problem")))
+                o += 1
             else:
                 raise PackedFormatError("output", f"unknown tag {tag} at byte {o - 1}")
         if o != end:

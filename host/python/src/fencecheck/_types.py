@@ -1,19 +1,36 @@
 """Plain Python values for the WIT contract (wit/fence.wit).
 
 Decisions are values: ``Applied``, ``Duplicate``, ``StaleFence`` and
-``VersionConflict``. When the check cannot decide (bad request, damaged state)
-it raises a ``FenceError`` subclass; when the component itself cannot run it
-raises a ``HostError`` subclass. Nothing here is retryable except a
-``HostError``: a ``StaleFence`` is final for its grant.
+``VersionConflict``. When the check cannot decide (bad request, damaged state,
+an unauthenticated token on a scope that requires signed tokens) it raises a
+``FenceError`` subclass; when the component itself cannot run it raises a
+``HostError`` subclass. Nothing here is retryable except a ``HostError``: a
+``StaleFence`` is final for its grant.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import ClassVar, Union
 
 U64_MAX = 2**64 - 1
+U32_MAX = 2**32 - 1
+
+# Bounds of the auth interface (guest/src/auth.rs), for host-side checks of a
+# key set before it is stored; the component applies the same ones itself.
+MIN_SECRET_BYTES = 16
+MAX_SECRET_BYTES = 64
+MAX_KEYS = 16
+TAG_BYTES = 32
+MAX_SCOPE_BYTES = 1024
+
+# The WIT enums of the auth interface, in declaration order (the packed
+# format carries their case index).
+AUTH_FAILURES = ("unsigned", "unknown-key", "malformed-signature", "bad-signature")
+KEY_PROBLEMS = ("no-keys", "too-many-keys", "short-secret", "long-secret", "duplicate-key-id")
 
 
 def _u64(name: str, value: object) -> int:
@@ -21,6 +38,18 @@ def _u64(name: str, value: object) -> int:
     if type(value) is not int or not 0 <= value <= U64_MAX:
         raise ValueError(f"{name} must be an int in 0..=2**64-1, got {value!r}")
     return value
+
+
+def _u32(name: str, value: object) -> int:
+    if type(value) is not int or not 0 <= value <= U32_MAX:
+        raise ValueError(f"{name} must be an int in 0..=2**32-1, got {value!r}")
+    return value
+
+
+def _bytes(name: str, value: object) -> bytes:
+    if not isinstance(value, (bytes, bytearray, memoryview)):
+        raise TypeError(f"{name} must be bytes, got {type(value).__name__}")
+    return bytes(value)
 
 
 def _utf8(name: str, value: object) -> str:
@@ -58,14 +87,79 @@ class Policy(str, enum.Enum):
 
 
 @dataclass(frozen=True, slots=True)
+class GrantKey:
+    """A key a resource trusts for a scope (or an authority signs with).
+    The secret is never part of ``repr``. Its length (16 to 64 bytes) is
+    the component's to judge (``InvalidKeys``); ``key_problem`` tells in
+    advance."""
+
+    key_id: int
+    secret: bytes = field(repr=False)
+
+    def __post_init__(self) -> None:
+        _u32("key_id", self.key_id)
+        object.__setattr__(self, "secret", _bytes("secret", self.secret))
+
+
+@dataclass(frozen=True, slots=True)
+class GrantSignature:
+    """The proof that a grant came from its authority: the key that made it,
+    the lease the grant was made to, and the HMAC-SHA256 tag (32 bytes).
+    Lengths are the component's to judge (``malformed-signature``)."""
+
+    key_id: int
+    lease_id: str
+    tag: bytes
+
+    def __post_init__(self) -> None:
+        _u32("key_id", self.key_id)
+        _utf8("lease_id", self.lease_id)
+        object.__setattr__(self, "tag", _bytes("tag", self.tag))
+
+
+def _keys(keys: Iterable[GrantKey]) -> list[GrantKey]:
+    """``keys`` as a list, each a ``GrantKey`` (else ``TypeError``)."""
+    if isinstance(keys, (str, bytes, GrantKey)):
+        raise TypeError("keys must be an iterable of fencecheck.GrantKey")
+    out = list(keys)
+    for k in out:
+        if not isinstance(k, GrantKey):
+            raise TypeError(f"a key must be a fencecheck.GrantKey, got {type(k).__name__}")
+    return out
+
+
+def key_problem(keys: Iterable[GrantKey]) -> str | None:
+    """What makes ``keys`` unusable for a scope that requires signed tokens,
+    as the component judges it (a ``KEY_PROBLEMS`` name), or ``None``."""
+    keys = _keys(keys)
+    if not keys:
+        return "no-keys"
+    if len(keys) > MAX_KEYS:
+        return "too-many-keys"
+    for i, k in enumerate(keys):
+        if len(k.secret) < MIN_SECRET_BYTES:
+            return "short-secret"
+        if len(k.secret) > MAX_SECRET_BYTES:
+            return "long-secret"
+        if any(other.key_id == k.key_id for other in keys[i + 1 :]):
+            return "duplicate-key-id"
+    return None
+
+
+@dataclass(frozen=True, slots=True)
 class Request:
-    """One protected mutation, as presented to the resource."""
+    """One protected mutation, as presented to the resource.
+
+    ``signature``: the grant's signature, if the authority signed it. Only
+    ``Instance.check_signed`` (a scope that requires signed tokens) reads
+    it; ``check`` ignores it."""
 
     scope: str
     token: Token
     policy: Policy = Policy.STRICT
     op_id: str | None = None
     expected_version: int | None = None
+    signature: GrantSignature | None = None
 
     def __post_init__(self) -> None:
         _utf8("scope", self.scope)
@@ -76,6 +170,12 @@ class Request:
             _utf8("op_id", self.op_id)
         if self.expected_version is not None:
             _u64("expected_version", self.expected_version)
+        if self.signature is not None and not isinstance(self.signature, GrantSignature):
+            raise TypeError("signature must be a GrantSignature or None")
+
+    def with_signature(self, signature: GrantSignature | None) -> "Request":
+        """This request carrying ``signature``."""
+        return dataclasses.replace(self, signature=signature)
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,6 +311,41 @@ class Exhausted(FenceError):
     name = "exhausted"
 
 
+class Unauthenticated(FenceError):
+    """The scope requires signed tokens and this token is not proven to come
+    from its authority; ``reason`` is the WIT ``auth-failure``: ``unsigned``,
+    ``unknown-key``, ``malformed-signature`` or ``bad-signature`` (forged,
+    tampered, or replayed from another scope: a MAC cannot tell which).
+    Decided before the state is read. Definitive: the same token never
+    passes; nothing may change."""
+
+    name = "unauthenticated"
+
+
+class InvalidKeys(FenceError):
+    """The scope requires signed tokens but its key set is unusable;
+    ``reason`` is the WIT ``key-problem`` (``no-keys``, ``too-many-keys``,
+    ``short-secret``, ``long-secret``, ``duplicate-key-id``). The resource's
+    configuration is at fault, not the caller: nothing is accepted until it
+    is fixed."""
+
+    name = "invalid-keys"
+
+
+class SignError(FencecheckError):
+    """``Instance.sign`` could not sign the grant. ``name`` is the WIT
+    ``sign-error`` case (``empty-scope``, ``scope-too-long``,
+    ``missing-token``, ``empty-lease-id``, ``lease-id-too-long``,
+    ``invalid-key``); ``reason`` the key problem for ``invalid-key``, else
+    ``None``. Deterministic, never retryable."""
+
+    retryable: ClassVar[bool] = False
+
+    def __init__(self, name: str, reason: str | None = None) -> None:
+        self.name, self.reason = name, reason
+        super().__init__(name + (f" ({reason})" if reason else ""))
+
+
 class HostError(FencecheckError):
     """Infrastructure failure: no decision was obtained. Unlike a ``FenceError``
     or a ``StaleFence`` this may be retried (the instance is replaced)."""
@@ -236,6 +371,21 @@ class UnsupportedComponent(ComponentLoadError):
         super().__init__(f"component exports {found}; this host supports {supported}")
         self.found = found
         self.supported = supported
+
+
+class UnsupportedFeature(HostError):
+    """The loaded component is of a supported version but older than a
+    feature this call needs (signed tokens need 0.1.1). Nothing was sent to
+    the guest and every other call still works; load a newer component.
+    ``feature``, ``version`` (the loaded one), ``since``. Not retryable."""
+
+    retryable = False
+
+    def __init__(self, feature: str, version: str, since: str) -> None:
+        self.feature, self.version, self.since = feature, version, since
+        super().__init__(
+            f"the loaded component (fencecheck:fence@{version}) has no {feature}: that needs {since} or later"
+        )
 
 
 class GuestTrapped(HostError):

@@ -4,9 +4,12 @@ A component's version is its WIT package version, carried in its export
 names (``fencecheck:fence/check@0.1.0``). This package was written against
 ``WIT_VERSION`` (the ``package fencecheck:fence@…;`` line of wit/fence.wit;
 tests/test_component_version.py keeps the two equal) and runs a component
-only if its exports carry a semver-compatible version: for 0.x the same major
-and minor, at least the same patch. Anything else has another contract and is
-refused at load with ``UnsupportedComponent``.
+only if its exports carry a version of the same release line: for 0.x the
+same major and minor, any patch, older or newer. Anything else has another
+contract and is refused at load with ``UnsupportedComponent``. Within a line
+versions only add (0.1.1 added ``fencecheck:fence/auth``): a call that needs
+what an older component lacks raises ``UnsupportedFeature``, and every other
+call works.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import NamedTuple, Optional
 from ._types import UnsupportedComponent
 
 WIT_PACKAGE = "fencecheck:fence"
-WIT_VERSION = "0.1.0"
+WIT_VERSION = "0.1.1"
 
 # MAJOR.MINOR.PATCH, no leading zeros, no pre-release or build tag.
 _SEMVER = re.compile(r"(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)")
@@ -34,15 +37,13 @@ def supported() -> str:
     built = _parse(WIT_VERSION)
     if built is None:
         return f"{WIT_PACKAGE}@{WIT_VERSION}"
-    major, minor, patch = built
-    line = f"0.{minor}.x" if major == 0 else f"{major}.x"
-    floor = patch != 0 if major == 0 else (minor, patch) != (0, 0)
-    return f"{WIT_PACKAGE}@{line}" + (f" from {WIT_VERSION}" if floor else "")
+    major, minor, _ = built
+    return f"{WIT_PACKAGE}@" + (f"0.{minor}.x" if major == 0 else f"{major}.x")
 
 
 def _serves(found: tuple[int, int, int], built: tuple[int, int, int]) -> bool:
-    same_line = found[:2] == built[:2] if built[0] == 0 else found[0] == built[0]
-    return same_line and found >= built
+    """The same release line (for 0.x the same minor), older or newer."""
+    return found[:2] == built[:2] if built[0] == 0 else found[0] == built[0]
 
 
 class Vetted(NamedTuple):
@@ -54,6 +55,9 @@ class Vetted(NamedTuple):
     """Its check interface's full name, e.g. ``fencecheck:fence/check@0.1.0``."""
     lease_interface: str
     """The lease interface's full name at the same version."""
+    auth_interface: Optional[str]
+    """The auth interface's full name (signed tokens, new in 0.1.1), or
+    ``None`` if the component does not export it."""
 
 
 def vet(exports: Iterable[str]) -> Vetted:
@@ -88,4 +92,5 @@ def vet(exports: Iterable[str]) -> Vetted:
     found, built = _parse(version), _parse(WIT_VERSION)
     if found is None or built is None or not _serves(found, built):
         raise UnsupportedComponent(check_name, supported())
-    return Vetted(version, check_name, full("lease", version))
+    has_auth = any(interface == "auth" for interface, _ in ours)
+    return Vetted(version, check_name, full("lease", version), full("auth", version) if has_auth else None)

@@ -9,10 +9,18 @@ high-water mark, whatever the language.
 
 ``fenced_write`` mirrors ``fencecheck_postgres::fenced_write``: in one
 transaction (at the connection's isolation level) it locks the scope's row
-(``SELECT ... FOR UPDATE``), checks, and only on ``Applied`` stores the new
-state and runs your mutation, then commits. Every other outcome, every
-exception (including one raised by your mutation) rolls back: nothing
-changes.
+(``SELECT ... FOR UPDATE``), reads the scope's signing keys, checks, and only
+on ``Applied`` stores the new state and runs your mutation, then commits.
+Every other outcome, every exception (including one raised by your mutation)
+rolls back: nothing changes.
+
+Signed tokens, as in ``fencecheck.sqlite``: ``set_keys(conn, prefix, keys)``
+makes every scope starting with ``prefix`` require tokens signed by one of
+``keys`` (``fencecheck_keys``; the longest prefix decides, read with the
+shared ``keys.sql``); ``fenced_write`` then decides with ``check_signed``. A
+key change takes ``fencecheck_scopes`` in EXCLUSIVE mode, so it waits for
+fenced writes in flight (which hold row locks on it) and every write that
+commits after it decides with the new keys.
 
 - READ COMMITTED (PostgreSQL's default): concurrent writers of one scope queue
   on its row lock, and each decides against the state the previous one
@@ -25,7 +33,8 @@ Errors of this module are ``HostError`` subclasses (``fc.HostError``):
 ``SerializationConflict`` (``retryable = True``: rolled back for certain,
 run the same write again); ``CommitUnknown`` (the connection failed during
 the commit: the write may have committed), ``UnsupportedLayout``,
-``TransactionEnded`` and ``ScopeRowRace`` (not retryable). Any other psycopg
+``TransactionEnded``, ``ScopeRowRace`` and ``UnreadableKeys`` (not
+retryable). Any other psycopg
 error is re-raised as it is, after rolling back. A ``StaleFence`` is a
 returned value, never an exception.
 
@@ -36,22 +45,42 @@ from __future__ import annotations
 
 import functools
 import importlib.resources
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import psycopg
 from psycopg.pq import TransactionStatus
 from psycopg.rows import tuple_row
 
 from ._guest import Instance
-from ._types import Applied, ComponentLoadError, Decision, HostError, Request
+from ._text import KeySetError
+from ._types import (
+    MAX_SCOPE_BYTES,
+    U32_MAX,
+    Applied,
+    ComponentLoadError,
+    Decision,
+    GrantKey,
+    HostError,
+    Request,
+    _keys,
+    _utf8,
+    key_problem,
+)
 
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2
 """The layout this module reads and writes (``fencecheck_meta``'s ``layout``
 row), the same number as the Rust host's ``fencecheck_postgres::LAYOUT_VERSION``."""
+
+UPGRADES_FROM = 1
+"""The layout ``install`` upgrades in place (layout 2 only adds ``fencecheck_keys``)."""
 
 SCHEMA_RESOURCE = "postgres-schema.sql"
 """The packaged copy of ``host/postgres/schema.sql`` (scripts/build-component
 puts it there)."""
+
+KEYS_RESOURCE = "postgres-keys.sql"
+"""The packaged copy of ``host/postgres/keys.sql``, the one query for a
+scope's keys (its parameter is ``$1``: run with a ``psycopg.RawCursor``)."""
 
 # "fencechk" in ASCII, the Rust host's key: serializes concurrent installs
 # from every host (CREATE ... IF NOT EXISTS alone can race on the catalogs).
@@ -77,6 +106,13 @@ _INSERT_STATE = (
 # Only the fence columns: the catalog pointer (visible_object,
 # published_at_ms) is left as it is.
 _UPDATE_STATE = "UPDATE fencecheck_scopes SET fence_state = %s, version = %s WHERE scope = %s"
+# Key changes wait for fenced writes in flight and block new ones until they
+# commit: EXCLUSIVE conflicts with the ROW SHARE a locking read holds, not
+# with plain reads.
+_LOCK_WRITERS = "LOCK TABLE fencecheck_scopes IN EXCLUSIVE MODE"
+_DELETE_KEYS = "DELETE FROM fencecheck_keys WHERE scope_prefix = %s"
+_INSERT_KEY = "INSERT INTO fencecheck_keys (scope_prefix, key_id, secret) VALUES (%s, %s, %s)"
+_LIST_KEYS = "SELECT scope_prefix, key_id FROM fencecheck_keys ORDER BY scope_prefix, key_id"
 
 
 class UnsupportedLayout(HostError):
@@ -92,8 +128,22 @@ class UnsupportedLayout(HostError):
         self.supported = LAYOUT_VERSION
         super().__init__(
             f"unsupported fencecheck layout: the database has layout {found!r}, "
-            f"this version supports only layout {LAYOUT_VERSION}; nothing was installed"
+            f"this version supports only layout {LAYOUT_VERSION} (and upgrades layout {UPGRADES_FROM}); "
+            "nothing was installed"
         )
+
+
+class UnreadableKeys(HostError):
+    """A ``fencecheck_keys`` row that decides for ``scope`` is not a key (a
+    ``key_id`` outside u32): the table was written around the layout's
+    constraints. Rolled back, nothing decided; not retryable. (The secret is
+    never shown.)"""
+
+    retryable = False
+
+    def __init__(self, scope: str, detail: str) -> None:
+        self.scope = scope
+        super().__init__(f"fencecheck_keys holds a row that is not a key for scope {scope!r}: {detail}")
 
 
 class SerializationConflict(HostError):
@@ -159,14 +209,18 @@ class _Rejected(Exception):
 
 
 @functools.cache
-def _schema() -> str:
+def _resource(name: str) -> str:
     try:
-        return importlib.resources.files(__package__).joinpath(SCHEMA_RESOURCE).read_text("utf-8")
+        return importlib.resources.files(__package__).joinpath(name).read_text("utf-8")
     except OSError as e:
         raise ComponentLoadError(
-            f"the packaged {SCHEMA_RESOURCE} is missing ({e}); run scripts/build-component "
+            f"the packaged {name} is missing ({e}); run scripts/build-component "
             "before `pip install ./host/python`"
         ) from None
+
+
+def _schema() -> str:
+    return _resource(SCHEMA_RESOURCE)
 
 
 def _idle(conn: psycopg.Connection, what: str) -> None:
@@ -186,16 +240,18 @@ def _layout(cur: psycopg.Cursor) -> object | None:
     return None if row is None else row[0]
 
 
-def _check_layout(cur: psycopg.Cursor) -> None:
+def _check_layout(cur: psycopg.Cursor, also: int = LAYOUT_VERSION) -> None:
     found = _layout(cur)
-    if found is not None and found != LAYOUT_VERSION:
+    if found is not None and found not in (LAYOUT_VERSION, also):
         raise UnsupportedLayout(found)
 
 
 def install(conn: psycopg.Connection) -> None:
     """Create fencecheck's tables (``fencecheck_meta``, ``fencecheck_scopes``,
-    ``fencecheck_objects``) if they do not exist. Idempotent; run it once per
-    process before the first write.
+    ``fencecheck_objects``, ``fencecheck_keys``) if they do not exist.
+    Idempotent; run it once per process before the first write. A layout-1
+    database is upgraded in place to layout 2 (its states stay,
+    ``fencecheck_keys`` is added; 0.1.0 writers then refuse it).
 
     One transaction holding ``pg_advisory_xact_lock(INSTALL_LOCK)``, so
     concurrent installs (from any host) queue; ``conn`` must not be inside a
@@ -205,10 +261,11 @@ def install(conn: psycopg.Connection) -> None:
     the schema ran, before the commit.
     """
     schema = _schema()
+    _resource(KEYS_RESOURCE)  # fenced_write needs it: a package without it fails here, not at the first write
     _idle(conn, "install")
     with conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
         cur.execute("SELECT pg_advisory_xact_lock(%s)", (INSTALL_LOCK,))
-        _check_layout(cur)
+        _check_layout(cur, UPGRADES_FROM)
         cur.execute(schema)  # no parameters: sent as one simple query, every statement
         _check_layout(cur)
 
@@ -222,13 +279,87 @@ def load_state(conn: psycopg.Connection, scope: str) -> bytes | None:
     return None if row is None else bytes(row[0])
 
 
+def scope_keys(conn: psycopg.Connection, scope: str) -> list[GrantKey] | None:
+    """The keys ``scope`` requires its tokens to be signed with: those of the
+    longest configured prefix that starts it (keys.sql); ``None`` if no
+    prefix does (the scope takes unsigned tokens). Runs in the connection's
+    current transaction, if any; ``fenced_write`` reads it inside its own,
+    after locking the scope's state row."""
+    keys = []
+    with psycopg.RawCursor(conn, row_factory=tuple_row) as cur:  # keys.sql's parameter is $1
+        for key_id, secret in cur.execute(_resource(KEYS_RESOURCE), (_utf8("scope", scope),)):
+            if type(key_id) is not int or not 0 <= key_id <= U32_MAX:
+                raise UnreadableKeys(scope, f"key_id {key_id!r} is not a u32")
+            keys.append(GrantKey(key_id, bytes(secret)))
+    return keys or None
+
+
+def _check_prefix(prefix: str) -> str:
+    _utf8("scope_prefix", prefix)
+    size = len(prefix.encode("utf-8"))
+    if size > MAX_SCOPE_BYTES:
+        raise ValueError(f"scope prefix of {size} bytes; a scope has at most {MAX_SCOPE_BYTES}")
+    return prefix
+
+
+def set_keys(conn: psycopg.Connection, scope_prefix: str, keys: Iterable[GrantKey]) -> None:
+    """Require signed tokens on every scope that starts with ``scope_prefix``
+    (``""``: every scope), verified with ``keys``, replacing the prefix's keys
+    if it had any; the longest prefix that starts a scope decides.
+
+    ``keys`` must be a usable set (``fc.key_problem``), else ``KeySetError``
+    naming the problem; a prefix longer than a scope can be raises
+    ``ValueError``; either way nothing changes. One transaction of its own
+    (``conn`` must not be inside one) that first takes ``fencecheck_scopes``
+    in EXCLUSIVE mode: it waits for fenced writes in flight, and every write
+    that commits after it decides with the new keys. To rotate: set ``{old,
+    new}``, move the authority to ``new``, then set ``{new}`` once no token
+    signed by ``old`` can still be held."""
+    _check_prefix(scope_prefix)
+    keys = _keys(keys)
+    problem = key_problem(keys)
+    if problem is not None:
+        raise KeySetError(problem)
+    _idle(conn, "set_keys")
+    with conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
+        cur.execute(_LOCK_WRITERS)
+        cur.execute(_DELETE_KEYS, (scope_prefix,))
+        cur.executemany(_INSERT_KEY, [(scope_prefix, k.key_id, k.secret) for k in keys])
+
+
+def remove_keys(conn: psycopg.Connection, scope_prefix: str) -> bool:
+    """Stop requiring signed tokens under ``scope_prefix``; returns whether it
+    had keys. Ordered against fenced writes as ``set_keys``."""
+    _utf8("scope_prefix", scope_prefix)
+    _idle(conn, "remove_keys")
+    with conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
+        cur.execute(_LOCK_WRITERS)
+        return cur.execute(_DELETE_KEYS, (scope_prefix,)).rowcount > 0
+
+
+def key_prefixes(conn: psycopg.Connection) -> list[tuple[str, list[int]]]:
+    """Every configured prefix with its key ids (never the secrets), by
+    prefix. Runs in the connection's current transaction, if any."""
+    out: list[tuple[str, list[int]]] = []
+    with conn.cursor(row_factory=tuple_row) as cur:
+        for prefix, key_id in cur.execute(_LIST_KEYS):
+            if out and out[-1][0] == prefix:
+                out[-1][1].append(key_id)
+            else:
+                out.append((prefix, [key_id]))
+    return out
+
+
 def _decide_and_store(cur: psycopg.Cursor, guest: Instance, request: Request) -> Decision:
     # Two rounds at most: the second only after another writer created the
     # scope between this one's locking read (no row) and its insert.
     for _ in range(2):
         row = cur.execute(_LOCK_STATE, (request.scope,)).fetchone()
         stored = None if row is None else bytes(row[0])
-        decision = guest.check(stored, request)
+        # After the row lock: a key change waits for this write (its EXCLUSIVE
+        # lock conflicts with the row lock), and the next write reads its keys.
+        keys = scope_keys(cur.connection, request.scope)
+        decision = guest.check(stored, request) if keys is None else guest.check_signed(stored, request, keys)
         if not isinstance(decision, Applied):
             return decision
         # Refused before anything is stored or the mutation runs, as in Rust.
@@ -253,9 +384,15 @@ def fenced_write(
     run ``mutate(conn, applied)``, all in one transaction. ``install`` must
     have run on the database.
 
+    If the scope requires signed tokens (``set_keys``; read after the row
+    lock) the decision is ``check_signed``'s with ``request.signature``, else
+    ``check``'s (a signature is ignored).
+
     Returns the decision (``StaleFence`` and the others are values: nothing
     was changed). After rolling back, raises ``FenceError`` (bad request,
-    damaged state), ``HostError`` (the guest could not run),
+    damaged state, and on a keyed scope ``Unauthenticated`` or
+    ``InvalidKeys``: definitive, never retryable), ``HostError`` (the guest
+    could not run),
     ``SerializationConflict`` (retryable), ``OverflowError`` (a version
     beyond bigint), or re-raises whatever ``mutate`` or psycopg raised. If
     the connection fails during the commit, raises ``CommitUnknown``.

@@ -16,6 +16,7 @@ from ._types import (
     FenceError,
     ForeignAuthority,
     InvalidRequest,
+    Request,
     ScopeMismatch,
     StaleFence,
     Token,
@@ -23,6 +24,15 @@ from ._types import (
     VersionConflict,
 )
 from .vectors import Outcome, VectorFormatError, _no_duplicate_keys, _obj, damage, parse_request, u64
+
+
+def _request(check: object) -> Request:
+    """A trace's check: a trace has no signed scopes, so ``keys`` (which
+    ``check`` would silently drop) is refused; a ``signature`` is ignored by
+    ``check``, as on any scope that is not opted in."""
+    if isinstance(check, dict) and "keys" in check:
+        raise VectorFormatError("a trace check has no `keys` (signed scopes are not traced)")
+    return parse_request(check)
 
 
 def _tok(t: Token) -> str:
@@ -75,7 +85,7 @@ def run(lines: Any, guest: Instance, out: TextIO, *, typed_batches: bool = False
             keys = [u64(i.get("slot"), "slot") for i in items]
             if len(set(keys)) != len(keys):
                 raise VectorFormatError(f"line {n}: a batch's slots must be distinct")
-            requests = [parse_request(i.get("check")) for i in items]
+            requests = [_request(i.get("check")) for i in items]
             outcomes = check_batch([(slots.get(k), r) for k, r in zip(keys, requests)])
             for i, (k, o) in enumerate(zip(keys, outcomes)):
                 if isinstance(o, Applied):
@@ -95,7 +105,7 @@ def run(lines: Any, guest: Instance, out: TextIO, *, typed_batches: bool = False
         if step.get("check") is None or any(key in step for key in ("damage", "bit", "len", "hex")):
             raise VectorFormatError(f"line {n}: needs exactly one of `check`, `damage`, `batch`")
         try:
-            o: Outcome = guest.check(slots.get(k), parse_request(step["check"]))
+            o: Outcome = guest.check(slots.get(k), _request(step["check"]))
         except FenceError as e:
             o = e
         if isinstance(o, Applied):

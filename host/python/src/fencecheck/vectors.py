@@ -8,6 +8,15 @@ Rust runner. A ``HostError`` (trapped guest) ends the file with a failure line:
 it is never taken for an outcome. Lease steps (``acquire``, ``renew``,
 ``release``, ``restore``) thread a second slot, replaced by every outcome that
 carries a state; ``damage`` reaches it with ``"state": "lease"``.
+
+Signed tokens (0.1.1): a ``check`` with ``keys`` is decided with
+``check_signed`` (the scope requires signed tokens; ``keys`` may be empty, to
+test that refusal) and its optional ``signature``; without ``keys`` a
+``signature`` is ignored (plain ``check``). A ``sign`` step expects
+``signed`` with its exact ``tag`` or an error. ``run`` takes a transport:
+``"component"`` (``check`` and the typed ``auth.check-signed``) or
+``"core"`` (one-item ``check-packed`` batches, as ``check_batch`` and
+``check_signed`` send them); every file must pass through both.
 """
 
 from __future__ import annotations
@@ -18,6 +27,7 @@ from typing import Any, Optional, Union
 
 from ._guest import Instance
 from ._types import (
+    U32_MAX,
     U64_MAX,
     Acquired,
     Applied,
@@ -30,12 +40,16 @@ from ._types import (
     Decision,
     Duplicate,
     FenceError,
+    GrantKey,
+    GrantSignature,
     HostError,
     Policy,
     Request,
+    SignError,
     StaleFence,
     Token,
     VersionConflict,
+    _utf8,
 )
 
 Outcome = Union[Decision, FenceError]
@@ -46,13 +60,17 @@ class VectorFormatError(ValueError):
 
 
 _FILE_KEYS = {"name", "description", "steps"}
-_STEP_KEYS = {"check", "damage", "bit", "len", "hex", "state", "acquire", "renew", "release", "restore", "expect"}
-_CHECK_KEYS = {"scope", "token", "authority", "policy", "op_id", "expected_version"}
+_STEP_KEYS = {
+    "check", "damage", "bit", "len", "hex", "state", "acquire", "renew", "release", "restore", "sign", "expect",
+}
+_CHECK_KEYS = {"scope", "token", "authority", "policy", "op_id", "expected_version", "keys", "signature"}
 _EXPECT_KEYS = {
     "outcome", "version", "highest", "presented", "expected", "actual", "error", "reason",
-    "token", "expires_at", "holder", "epoch",
+    "token", "expires_at", "holder", "epoch", "tag",
 }
-_ACTIONS = ("check", "damage", "acquire", "renew", "release", "restore")
+_ACTIONS = ("check", "damage", "acquire", "renew", "release", "restore", "sign")
+_SIGN_KEYS = {"scope", "token", "authority", "lease_id", "key"}
+TRANSPORTS = ("component", "core")
 _LEASE_KEYS = {
     "acquire": {"lock", "lease_id", "now", "ttl", "authority", "epoch_floor"},
     "renew": {"lease_id", "token", "authority", "now", "ttl"},
@@ -103,8 +121,46 @@ def _opt_str(obj: dict[str, Any], key: str) -> Optional[str]:
     return value
 
 
+def _u32(value: Any, what: str) -> int:
+    if type(value) is not int or not 0 <= value <= U32_MAX:
+        raise VectorFormatError(f"{what} must be an integer in 0..=2^32-1, got {value!r}")
+    return value
+
+
+def _hex(value: Any, what: str) -> bytes:
+    # Strict, like Rust's hex::decode: no whitespace, an even length.
+    if not isinstance(value, str) or len(value) % 2 or any(c not in "0123456789abcdefABCDEF" for c in value):
+        raise VectorFormatError(f"{what}: bad hex {value!r}")
+    return bytes.fromhex(value)
+
+
+def _str(obj: dict[str, Any], key: str, what: str) -> str:
+    if not isinstance(obj.get(key), str):
+        raise VectorFormatError(f"{what}.{key} must be a string")
+    return obj[key]
+
+
+def _key(value: Any, what: str) -> GrantKey:
+    k = _obj(value, {"id", "secret"}, what)
+    return GrantKey(_u32(k.get("id"), f"{what}.id"), _hex(k.get("secret"), f"{what}.secret"))
+
+
+def parse_check(check: Any) -> tuple[Request, Optional[list[GrantKey]]]:
+    """A vector ``check`` object: its ``Request`` (with its signature, if it
+    has one) and the scope's keys (``None``: not opted in, plain ``check``)."""
+    c = _obj(check, _CHECK_KEYS, "check")
+    request = parse_request(c)
+    keys = c.get("keys")
+    if keys is None:
+        return request, None
+    if not isinstance(keys, list):
+        raise VectorFormatError("check.keys must be a list")
+    return request, [_key(k, "check.keys[]") for k in keys]
+
+
 def parse_request(check: Any) -> Request:
-    """A vector ``check`` object as a ``Request``."""
+    """A vector ``check`` object as a ``Request`` (with its ``signature``;
+    ``parse_check`` also gives the ``keys``)."""
     c = _obj(check, _CHECK_KEYS, "check")
     if not isinstance(c.get("scope"), str):
         raise VectorFormatError("check.scope must be a string")
@@ -113,16 +169,35 @@ def parse_request(check: Any) -> Request:
     policy = c.get("policy", "strict")
     if policy not in ("strict", "allow-equal"):
         raise VectorFormatError(f"unknown policy {policy!r}")
+    sig = c.get("signature")
+    if sig is not None:
+        sig = _obj(sig, {"key_id", "lease_id", "tag"}, "check.signature")
+        sig = (_u32(sig.get("key_id"), "signature.key_id"), _str(sig, "lease_id", "signature"), _hex(sig.get("tag"), "signature.tag"))
     try:
+        signature = None if sig is None else GrantSignature(*sig)
         return Request(
             c["scope"],
             Token(authority, epoch, counter),
             Policy(policy),
             _opt_str(c, "op_id"),
             _opt_u64(c, "expected_version"),
+            signature,
         )
     except (TypeError, ValueError) as e:
         raise VectorFormatError(str(e)) from None
+
+
+def _sign_args(step: Any) -> tuple[str, Token, str, GrantKey]:
+    """A ``sign`` step's scope, token, lease id and key."""
+    a = _obj(step, _SIGN_KEYS, "sign")
+    epoch, counter = _pair(a.get("token"), "sign.token")
+    token = Token(u64(a.get("authority", 0), "sign.authority"), epoch, counter)
+    scope, lease_id = _str(a, "scope", "sign"), _str(a, "lease_id", "sign")
+    try:
+        _utf8("sign.scope", scope), _utf8("sign.lease_id", lease_id)
+    except ValueError as e:
+        raise VectorFormatError(str(e)) from None
+    return scope, token, lease_id, _key(a.get("key"), "sign.key")
 
 
 def load(path: Union[str, Path]) -> dict[str, Any]:
@@ -145,7 +220,9 @@ def parse(text: str) -> dict[str, Any]:
         if "expect" in s and s["expect"] is not None:
             _obj(s["expect"], _EXPECT_KEYS, "expect")
         if s.get("check") is not None:
-            parse_request(s["check"])
+            parse_check(s["check"])
+        if s.get("sign") is not None:
+            _sign_args(s["sign"])
         for action in _LEASE_KEYS:
             if s.get(action) is not None:
                 _lease_args(action, s[action])
@@ -236,6 +313,22 @@ def _field(name: str, want: Any, got: Any) -> None:
         raise AssertionError(f"{name}: expected {want!r}, got {got!r}")
 
 
+def compare_signature(expect: dict[str, Any], o: Union[GrantSignature, SignError]) -> None:
+    """Compare a ``sign`` step's outcome: ``signed`` with its ``tag`` (hex),
+    or ``error`` with the sign error's name and, for ``invalid-key``, the key
+    problem as ``reason`` (else ``none``)."""
+    if isinstance(o, SignError):
+        if expect.get("outcome") != "error":
+            raise AssertionError(f"expected {expect.get('outcome')}, got error {o}")
+        _field("error", expect.get("error"), o.name)
+        _field("reason", expect.get("reason"), o.reason or "none")
+        return
+    if expect.get("outcome") != "signed":
+        raise AssertionError(f"expected {expect.get('outcome')}, got signed")
+    want = expect.get("tag")
+    _field("tag", None if want is None else _hex(want, "expect.tag").hex(), o.tag.hex())
+
+
 def compare(expect: dict[str, Any], o: Outcome) -> None:
     """Compare an outcome with the fields ``expect`` names; raises AssertionError."""
     got = "error" if isinstance(o, FenceError) else o.name
@@ -312,8 +405,30 @@ def run_lease(action: str, step: Any, state: Optional[bytes], guest: Instance) -
         return e
 
 
-def run(file: dict[str, Any], guest: Instance) -> list[str]:
-    """Run a parsed file; returns one line per failing step (empty: passed)."""
+def run_check(
+    check: Any, state: Optional[bytes], guest: Instance, transport: str = "component"
+) -> Outcome:
+    """Run one ``check`` step against the fence slot's state, through
+    ``transport`` (``TRANSPORTS``); a ``FenceError`` is returned, not raised."""
+    request, keys = parse_check(check)
+    try:
+        if transport == "component":
+            return guest.check(state, request) if keys is None else guest._check_signed_typed(state, request, keys)
+        if transport != "core":
+            raise VectorFormatError(f"unknown transport {transport!r}")
+        if keys is not None:
+            return guest.check_signed(state, request, keys)
+        [outcome] = guest.check_batch([(state, request)])
+        return outcome
+    except FenceError as e:
+        return e
+
+
+def run(file: dict[str, Any], guest: Instance, transport: str = "component") -> list[str]:
+    """Run a parsed file through ``transport`` (``"component"`` or
+    ``"core"``); returns one line per failing step (empty: passed)."""
+    if transport not in TRANSPORTS:
+        raise ValueError(f"unknown transport {transport!r}; one of {TRANSPORTS}")
     failures: list[str] = []
     slots: dict[str, Optional[bytes]] = {"fence": None, "lease": None}
     for n, step in enumerate(file["steps"], start=1):
@@ -329,17 +444,21 @@ def run(file: dict[str, Any], guest: Instance) -> list[str]:
                 continue
             if step.get("expect") is None:
                 raise AssertionError("step without `expect`")
+            if actions[0] == "sign":
+                scope, token, lease_id, key = _sign_args(step["sign"])
+                try:
+                    signed: Union[GrantSignature, SignError] = guest.sign(scope, token, lease_id, key)
+                except SignError as e:
+                    signed = e
+                compare_signature(step["expect"], signed)
+                continue
             if actions[0] != "check":
                 lease = run_lease(actions[0], step[actions[0]], slots["lease"], guest)
                 if isinstance(lease, (Acquired, Renewed, Released, Restored)):
                     slots["lease"] = lease.state
                 compare_lease(step["expect"], lease)
                 continue
-            request = parse_request(step["check"])
-            try:
-                outcome: Outcome = guest.check(slots["fence"], request)
-            except FenceError as e:
-                outcome = e
+            outcome = run_check(step["check"], slots["fence"], guest, transport)
             if isinstance(outcome, Applied):
                 slots["fence"] = outcome.state
             compare(step["expect"], outcome)
