@@ -7,7 +7,12 @@ use postgres::{Client, Transaction};
 use crate::Error;
 use crate::error::pg;
 
-const LOCK_STATE: &str = "SELECT fence_state FROM fencecheck_scopes WHERE scope = $1 FOR UPDATE";
+// The state, locked, and whether any key prefix starts the scope, in one
+// round trip: an existing unkeyed scope, the common case, costs no second
+// statement. (FOR UPDATE locks only the scope's row, not the keys.)
+const LOCK_STATE: &str = "SELECT fence_state, \
+    EXISTS (SELECT 1 FROM fencecheck_keys WHERE starts_with($1, scope_prefix)) \
+    FROM fencecheck_scopes WHERE scope = $1 FOR UPDATE";
 
 // ON CONFLICT DO NOTHING: when two writers create one scope at once, the
 // second waits for the first to commit, inserts nothing, and decides again
@@ -78,12 +83,20 @@ where
     // scope between this one's locking read (no row) and its insert.
     let mut accepted = None;
     for _ in 0..2 {
-        let stored: Option<Vec<u8>> = tx
+        let row = tx
             .query_opt(LOCK_STATE, &[&request.scope])
-            .map_err(pg("locking the fence state"))?
-            .map(|r| r.get(0));
+            .map_err(pg("locking the fence state"))?;
+        let (stored, keyed): (Option<Vec<u8>>, bool) = match row {
+            Some(r) => (Some(r.get(0)), r.get(1)),
+            // A new scope: no row to say it, so look the keys up.
+            None => (None, true),
+        };
         // After the row lock: a key change waits for this write (schema.sql).
-        let keys = crate::scope_keys(&mut tx, &request.scope)?;
+        let keys = if keyed {
+            crate::scope_keys(&mut tx, &request.scope)?
+        } else {
+            None
+        };
         let outcome = checker.decide(stored.as_deref(), request, keys.as_deref())?;
         let (decided, state) = match accept_signed(outcome) {
             Ok(applied) => applied,

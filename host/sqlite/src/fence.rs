@@ -19,6 +19,12 @@ pub(crate) enum Store {
 
 const READ_STATE: &str = "SELECT fence_state FROM fencecheck_scopes WHERE scope = ?1";
 
+// The state and whether any key prefix starts the scope, in one statement
+// (always one row): an unkeyed scope, the common case, then costs no
+// second statement. The keys themselves are read only when there are some.
+const READ_STATE_KEYED: &str = "SELECT (SELECT fence_state FROM fencecheck_scopes WHERE scope = ?1), \
+    EXISTS (SELECT 1 FROM fencecheck_keys WHERE substr(?1, 1, length(scope_prefix)) = scope_prefix)";
+
 // The row's existence is known from the read under the write lock, so an
 // existing row takes a plain UPDATE (cheaper than an upsert's failed insert).
 const INSERT_STATE: &str =
@@ -92,10 +98,17 @@ where
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .map_err(sql("beginning the fenced transaction"))?;
-    let stored = stored_state(&tx, &request.scope)?;
-    // Under the write lock, as the state: a key change is ordered before or
-    // after this write, never in between.
-    let keys = crate::scope_keys(&tx, &request.scope)?;
+    // Under the write lock, state and keys together: a key change is
+    // ordered before or after this write, never in between.
+    let (stored, keyed): (Option<Vec<u8>>, bool) = tx
+        .prepare_cached(READ_STATE_KEYED)
+        .and_then(|mut s| s.query_row([&request.scope], |r| Ok((r.get(0)?, r.get(1)?))))
+        .map_err(sql("reading the fence state"))?;
+    let keys = if keyed {
+        crate::scope_keys(&tx, &request.scope)?
+    } else {
+        None
+    };
     let outcome = checker.decide(stored.as_deref(), request, keys.as_deref())?;
     let (version, highest, state) = match decision(outcome) {
         Ok(applied) => applied,
