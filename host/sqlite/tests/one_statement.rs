@@ -410,13 +410,7 @@ fn an_existing_scope_is_published_with_one_statement() -> Result<()> {
     ensure!(outcome.is_applied(), "{outcome:?}");
     let kinds: Vec<&str> = statements
         .iter()
-        .map(|s| {
-            if s.contains("FROM fencecheck_keys WHERE scope_prefix =") {
-                "KEYS"
-            } else {
-                s.split(' ').next().unwrap_or("")
-            }
-        })
+        .map(|s| s.split(' ').next().unwrap_or(""))
         .collect();
     ensure!(
         kinds == ["UPDATE", "BEGIN", "SELECT", "INSERT", "COMMIT"],
