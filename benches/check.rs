@@ -6,7 +6,9 @@
 //!
 //! The workload is the common case: a scope that has accepted token 0.41 and a
 //! request presenting 0.42, so the guest decodes the state, decides `applied`
-//! and encodes the new state (the full path a publish takes).
+//! and encodes the new state (the full path a publish takes). `check/signed`
+//! runs the same request on a scope that requires signed tokens (one
+//! HMAC-SHA256 key, a valid signature) beside the unsigned check it guards.
 
 // criterion_group! generates an undocumented pub fn.
 #![allow(missing_docs)]
@@ -15,7 +17,7 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use fencecheck::{Checker, Decision, Native, Policy, Request, Runtime, Token};
+use fencecheck::{Checker, Decision, GrantKey, Native, Policy, Request, Runtime, Token};
 
 const BATCH: usize = 256;
 
@@ -52,6 +54,40 @@ fn bench(c: &mut Criterion) -> anyhow::Result<()> {
         b.iter(|| component.check(black_box(Some(&state)), black_box(&request)))
     });
     single.finish();
+
+    let key = GrantKey {
+        key_id: 3,
+        secret: vec![0x5a; 32],
+    };
+    let signature =
+        fencecheck_guest::sign("report/july", request.token, "lease-7f3a9c2e-0001", &key)
+            .map_err(|e| anyhow::anyhow!("signing: {e}"))?;
+    let signed = request.clone().with_signature(signature);
+    let keys = [key];
+    let expected_signed = Native.check_signed(Some(&state), &signed, &keys)?;
+    anyhow::ensure!(expected_signed.is_ok());
+    anyhow::ensure!(wasm.check_signed(Some(&state), &signed, &keys)? == expected_signed);
+    anyhow::ensure!(component.check_signed(Some(&state), &signed, &keys)? == expected_signed);
+    let mut group = c.benchmark_group("check/signed");
+    group.throughput(Throughput::Elements(1));
+    group.bench_function("native-unsigned", |b| {
+        b.iter(|| fencecheck_guest::check(black_box(Some(&state)), black_box(&request)))
+    });
+    group.bench_function("native-signed", |b| {
+        b.iter(|| {
+            fencecheck_guest::check_signed(black_box(Some(&state)), black_box(&signed), &keys)
+        })
+    });
+    group.bench_function("wasm-unsigned", |b| {
+        b.iter(|| wasm.check(black_box(Some(&state)), black_box(&request)))
+    });
+    group.bench_function("wasm-signed", |b| {
+        b.iter(|| wasm.check_signed(black_box(Some(&state)), black_box(&signed), &keys))
+    });
+    group.bench_function("wasm-component-signed", |b| {
+        b.iter(|| component.check_signed(black_box(Some(&state)), black_box(&signed), &keys))
+    });
+    group.finish();
 
     let items: Vec<(Option<&[u8]>, &Request)> = (0..BATCH)
         .map(|_| (Some(state.as_slice()), &request))
