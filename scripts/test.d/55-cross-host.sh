@@ -2,7 +2,8 @@
 # Cross-host SQLite (tests/cross_host/test_cross_host.py): one database file
 # written by the Rust adapter, the Python host and the Node host in turn keeps
 # ONE fence per scope; every host's install creates the same schema
-# (host/sqlite/schema.sql) and refuses another layout number.
+# (host/sqlite/schema.sql), upgrades layout 1 alike, refuses another layout
+# number, and enforces the signing keys stored in it (fencecheck_keys).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 scripts/build-component

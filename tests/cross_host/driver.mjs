@@ -8,20 +8,15 @@
 //       a fenced write whose mutation inserts into `worker_audit (scope,
 //       token, version)`; print the outcome name (`applied`, `stale-fence`...).
 //
-// TOKEN is canonical text: EPOCH.COUNTER or AUTHORITY:EPOCH.COUNTER. Uses the
+// TOKEN is canonical text: EPOCH.COUNTER or AUTHORITY:EPOCH.COUNTER, signed or
+// not (`…~KEY-ID~LEASE~TAG`): a scope with keys requires the signature. Uses the
 // package in host/node (built by `npm run build`) and its better-sqlite3.
 
 import { createRequire } from 'node:module';
-import { FenceError, Runtime, token } from '../../host/node/src/index.js';
+import { FenceError, Runtime, parseSignedToken } from '../../host/node/src/index.js';
 import { UnsupportedLayout, fencedWrite, install } from '../../host/node/src/sqlite.js';
 
 const Database = createRequire(new URL('../../host/node/package.json', import.meta.url))('better-sqlite3');
-
-function parseToken(text) {
-  const m = /^(?:([0-9]+):)?([0-9]+)\.([0-9]+)$/.exec(text);
-  if (!m) throw new RangeError(`not a token: ${text} (EPOCH.COUNTER or AUTHORITY:EPOCH.COUNTER)`);
-  return token(BigInt(m[1] ?? 0), BigInt(m[2]), BigInt(m[3]));
-}
 
 function open(path) {
   const db = new Database(path, { timeout: 60000 });
@@ -30,7 +25,8 @@ function open(path) {
 }
 
 function write(db, scope, text, policy) {
-  const request = { scope, token: parseToken(text), policy };
+  const { token, signature } = parseSignedToken(text);
+  const request = { scope, token, policy, ...(signature ? { signature } : {}) };
   const audit = (conn, applied) => conn.prepare('INSERT INTO worker_audit (scope, token, version) VALUES (?, ?, ?)')
     .run(scope, text, applied.version);
   try {

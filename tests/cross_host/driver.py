@@ -8,25 +8,16 @@ commands of the Rust worker (host/sqlite/src/bin/worker.rs):
         a fenced write whose mutation inserts into `worker_audit (scope,
         token, version)`; print the outcome name (`applied`, `stale-fence`...).
 
-TOKEN is canonical text: EPOCH.COUNTER or AUTHORITY:EPOCH.COUNTER.
+TOKEN is canonical text: EPOCH.COUNTER or AUTHORITY:EPOCH.COUNTER, signed or
+not (`…~KEY-ID~LEASE~TAG`): a scope with keys in `fencecheck_keys` requires
+the signature.
 """
 
-import re
 import sqlite3
 import sys
 
 import fencecheck as fc
 from fencecheck.sqlite import UnsupportedLayout, fenced_write, install
-
-_TOKEN = re.compile(r"(?:([0-9]+):)?([0-9]+)\.([0-9]+)\Z")
-
-
-def token(text: str) -> fc.Token:
-    m = _TOKEN.match(text)
-    if m is None:
-        raise ValueError(f"not a token: {text!r} (EPOCH.COUNTER or AUTHORITY:EPOCH.COUNTER)")
-    return fc.Token(int(m[1] or 0), int(m[2]), int(m[3]))
-
 
 def open_db(path: str) -> sqlite3.Connection:
     conn = sqlite3.connect(path, timeout=60)
@@ -35,7 +26,8 @@ def open_db(path: str) -> sqlite3.Connection:
 
 
 def write(conn: sqlite3.Connection, scope: str, text: str, policy: str) -> str:
-    request = fc.Request(scope, token(text), fc.Policy(policy))
+    presented = fc.SignedToken.parse(text)
+    request = fc.Request(scope, presented.token, fc.Policy(policy), signature=presented.signature)
 
     def audit(c: sqlite3.Connection, applied: fc.Applied) -> None:
         c.execute("INSERT INTO worker_audit (scope, token, version) VALUES (?, ?, ?)", (scope, text, applied.version))

@@ -18,7 +18,8 @@
 //!     exit 1 (the message on stderr).
 //! fencecheck-sqlite-worker DB NOW_MS write SCOPE TOKEN [strict|allow-equal]
 //!     a fenced write whose mutation inserts into `worker_audit`; print the
-//!     outcome name (`applied`, `stale-fence`…).
+//!     outcome name (`applied`, `stale-fence`, `unauthenticated`…). TOKEN may
+//!     be signed text (`…~KEY-ID~LEASE~TAG`): a scope with keys requires it.
 //! ```
 //!
 //! Tokens use the canonical text form (`EPOCH.COUNTER`). Except for
@@ -31,7 +32,7 @@ use std::error::Error;
 use std::io::{BufRead, Write};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use fencecheck::{Instance, Policy, Request, Runtime, Token, TokenText};
+use fencecheck::{Instance, Policy, Request, Runtime, SignedTokenText, Token, TokenText};
 use fencecheck_sqlite::{Fenced, ObjectId, fenced_write, install, publish, stage, visible};
 use rusqlite::Connection;
 
@@ -93,9 +94,9 @@ fn run() -> Result<()> {
             stage_then_wait(&mut conn, &mut guest, now, scope, name)
         }
         ("hold-in-transaction", [scope, text]) => hold(&mut conn, &mut guest, scope, token(text)?),
-        ("write", [scope, text]) => write(&mut conn, &mut guest, scope, token(text)?, "strict"),
+        ("write", [scope, text]) => write(&mut conn, &mut guest, scope, text.parse()?, "strict"),
         ("write", [scope, text, policy]) => {
-            write(&mut conn, &mut guest, scope, token(text)?, policy)
+            write(&mut conn, &mut guest, scope, text.parse()?, policy)
         }
         ("race", [process, processes, rounds, scopes @ ..]) if !scopes.is_empty() => race(
             &mut conn,
@@ -161,19 +162,23 @@ fn install_layout(conn: &Connection) -> Result<()> {
     }
 }
 
+/// `presented`: the token as a client presents it, signed or not (a scope
+/// with signing keys in the database requires the signature).
 fn write(
     conn: &mut Connection,
     guest: &mut Instance,
     scope: &str,
-    token: Token,
+    presented: SignedTokenText,
     policy: &str,
 ) -> Result<()> {
+    let token = presented.token;
     let policy = match policy {
         "strict" => Policy::Strict,
         "allow-equal" => Policy::AllowEqual,
         _ => return Err(format!("unknown policy {policy:?}").into()),
     };
-    let request = Request::new(scope, token, policy);
+    let mut request = Request::new(scope, token, policy);
+    request.signature = presented.signature;
     let outcome = fenced_write(conn, guest, &request, |tx, accepted| -> Result<()> {
         tx.execute(
             "INSERT INTO worker_audit (scope, token, version) VALUES (?1, ?2, ?3)",
