@@ -423,3 +423,21 @@ impl Drop for PgServer {
         let _ = std::fs::remove_dir_all(&self.root);
     }
 }
+
+/// Block until some backend of `client`'s server waits on a lock (a race a
+/// test set up is in place), polling `pg_stat_activity`, never sleeping.
+pub fn wait_for_lock_waiter(client: &mut postgres::Client) -> Result<()> {
+    for _ in 0..100_000 {
+        let n: i64 = client
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'",
+                &[],
+            )?
+            .get(0);
+        if n > 0 {
+            return Ok(());
+        }
+        std::thread::yield_now();
+    }
+    anyhow::bail!("no backend ever waited on a lock: the race was not set up")
+}

@@ -1,17 +1,11 @@
 //! The `fencecheck` binary as a user runs it.
 
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
 use anyhow::{Context, Result, ensure};
-
-fn fencecheck(args: &[&str]) -> Result<Output> {
-    Command::new(env!("CARGO_BIN_EXE_fencecheck"))
-        .args(args)
-        .env_remove("FENCECHECK_COMPONENT")
-        .output()
-        .context("running fencecheck")
-}
+use common::fencecheck;
 
 fn vectors_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/vectors")

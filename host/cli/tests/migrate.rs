@@ -10,12 +10,15 @@
 #[path = "../../authority/tests/support/etcd.rs"]
 mod etcd;
 
+mod common;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 
 use anyhow::{Context, Result, bail, ensure};
+use common::fencecheck;
 use fencecheck::{Fenced, Instance, Policy, Rejection, Request, Token, TokenText};
 use fencecheck_authority::{
     AcquireOutcome, AuthorityError, Coordinator, EtcdCoordinator, ManualClock, PostgresCoordinator,
@@ -28,14 +31,6 @@ const LOCK: &str = "report/july";
 /// A lock whose holder's lease is still running at the move.
 const HELD: &str = "report/aug";
 const TTL: u64 = 30_000;
-
-fn fencecheck(args: &[&str]) -> Result<Output> {
-    Command::new(env!("CARGO_BIN_EXE_fencecheck"))
-        .args(args)
-        .env_remove("FENCECHECK_COMPONENT")
-        .output()
-        .context("running fencecheck")
-}
 
 /// `fencecheck authority migrate`; its stdout, or an error with its stderr.
 fn migrate(from: &str, to: &str) -> Result<String> {

@@ -2,19 +2,14 @@
 //! SQLite resource, and `authority acquire --signing-key` printing the
 //! signed token text that resource then accepts (and nothing else).
 
-use std::process::{Command, Output};
+mod common;
+
+use std::process::Output;
 
 use anyhow::{Context, Result, bail, ensure};
+use common::fencecheck;
 use fencecheck::{AuthFailure, Policy, Request, Runtime, SignedTokenText};
 use fencecheck_sqlite::{Fenced, Rejection, fenced_write};
-
-fn fencecheck(args: &[&str]) -> Result<Output> {
-    Command::new(env!("CARGO_BIN_EXE_fencecheck"))
-        .args(args)
-        .env_remove("FENCECHECK_COMPONENT")
-        .output()
-        .context("running fencecheck")
-}
 
 fn stdout(out: &Output) -> Result<String> {
     Ok(String::from_utf8(out.stdout.clone())?)

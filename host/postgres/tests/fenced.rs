@@ -3,10 +3,10 @@
 use std::sync::mpsc;
 use std::thread;
 
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Result, bail, ensure};
 use fencecheck::{Instance, Policy, Request, Token};
 use fencecheck_postgres::{Error, Fenced, Rejection, fenced_write, install, stored_state};
-use fencecheck_tests::pgserver::PgServer;
+use fencecheck_tests::pgserver::{PgServer, wait_for_lock_waiter};
 
 fn guest() -> Result<Instance> {
     Ok(fencecheck_tests::runtime()?.instance()?)
@@ -302,21 +302,4 @@ fn install_refuses_another_layout() -> Result<()> {
         .get(0);
     ensure!(!created, "nothing is created on a refused layout");
     Ok(())
-}
-
-/// Block until some backend waits on a lock (the second writer queued).
-fn wait_for_lock_waiter(db: &mut postgres::Client) -> Result<()> {
-    for _ in 0..100_000 {
-        let n: i64 = db
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'",
-                &[],
-            )?
-            .get(0);
-        if n > 0 {
-            return Ok(());
-        }
-        thread::yield_now();
-    }
-    Err(anyhow::anyhow!("no writer ever waited on a lock")).context("the race was not set up")
 }

@@ -12,7 +12,7 @@ use fencecheck_postgres::{
     Error, Fenced, ObjectId, Rejection, collect_garbage, discard, fenced_write, install, publish,
     stage, visible,
 };
-use fencecheck_tests::pgserver::PgServer;
+use fencecheck_tests::pgserver::{PgServer, wait_for_lock_waiter};
 use postgres::Client;
 
 const JULY: &str = "report/july";
@@ -516,21 +516,4 @@ fn invalid_arguments_are_refused() -> Result<()> {
     ensure!(scopes(&mut db)?.is_empty());
     ensure!(object_ids(&mut db)? == [object]);
     Ok(())
-}
-
-/// Block until some backend waits on a lock.
-fn wait_for_lock_waiter(db: &mut Client) -> Result<()> {
-    for _ in 0..100_000 {
-        let n: i64 = db
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'",
-                &[],
-            )?
-            .get(0);
-        if n > 0 {
-            return Ok(());
-        }
-        thread::yield_now();
-    }
-    bail!("no backend ever waited on a lock")
 }

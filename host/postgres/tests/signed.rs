@@ -12,7 +12,7 @@ use fencecheck_postgres::{
     Fenced, Rejection, fenced_write, install, key_prefixes, publish, remove_keys, scope_keys,
     set_keys, stage, visible,
 };
-use fencecheck_tests::pgserver::PgServer;
+use fencecheck_tests::pgserver::{PgServer, wait_for_lock_waiter};
 
 const JULY: &str = "report/july";
 
@@ -167,21 +167,4 @@ fn key_changes_wait_for_writes_in_flight() -> Result<()> {
     );
     ensure!(logged(&mut db)? == [1, 2]);
     Ok(())
-}
-
-/// Block until some backend waits on a lock.
-fn wait_for_lock_waiter(db: &mut postgres::Client) -> Result<()> {
-    for _ in 0..100_000 {
-        let n: i64 = db
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'",
-                &[],
-            )?
-            .get(0);
-        if n > 0 {
-            return Ok(());
-        }
-        thread::yield_now();
-    }
-    bail!("the key change never waited on a lock")
 }
