@@ -334,7 +334,7 @@ fn coordinator_layout_is_recorded_and_checked() -> Result<()> {
     ensure!(
         keys == [
             ("authority-layout".to_string(), 2),
-            ("layout".to_string(), 1)
+            ("layout".to_string(), fencecheck_sqlite::LAYOUT_VERSION)
         ],
         "{keys:?}"
     );
