@@ -682,7 +682,42 @@ fn head(conn: &mut Conn, scope: &str) -> Result<Head, Error> {
 
 #[cfg(test)]
 mod tests {
-    use super::upper_bound;
+    use super::{Store, schema, upper_bound};
+
+    /// The statements of the hot path reach rows through an index: none
+    /// scans every pointer or every object, so their work does not grow
+    /// with the number of keys. (The collector's batch is bounded in rows
+    /// deleted, not in rows read: it skips every old object still visible.)
+    #[test]
+    fn hot_path_statements_use_indexes() -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let _store = Store::open(dir.path(), fencecheck::Runtime::new()?)?;
+        let conn = rusqlite::Connection::open(dir.path().join("fencecheck.db"))?;
+        let ops_prune = "DELETE FROM fencecheck_gateway_ops WHERE scope = ?1 AND version <= \
+             (SELECT version FROM fencecheck_gateway_ops WHERE scope = ?1 \
+              ORDER BY version DESC LIMIT 1 OFFSET 64)";
+        let op_hash = "SELECT sha256 FROM fencecheck_gateway_ops WHERE scope = ?1 AND op_id = ?2 AND version = ?3";
+        for sql in [
+            schema::SQLITE_HEAD,
+            schema::SQLITE_DISCARD,
+            schema::SQLITE_LIST,
+            ops_prune,
+            op_hash,
+        ] {
+            let mut plan = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}"))?;
+            let nulls = std::iter::repeat_n(rusqlite::types::Null, plan.parameter_count());
+            let steps: Vec<String> = plan
+                .query_map(rusqlite::params_from_iter(nulls), |r| r.get::<_, String>(3))?
+                .collect::<Result<_, _>>()?;
+            for step in &steps {
+                assert!(
+                    !step.starts_with("SCAN"),
+                    "{sql}\nscans: {step} (plan: {steps:?})"
+                );
+            }
+        }
+        Ok(())
+    }
 
     #[test]
     fn upper_bounds() {

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 
 pub mod nginx;
+pub mod relay;
 
 /// The secret of the principal [`Gateway::start_authed`] configures.
 pub const ROOT_SECRET: &str = "s3cret-root-7f1d9a";
