@@ -54,5 +54,6 @@ pub use http::{Config, Ctx, Gateway, Guarded, Limits, Pace};
 pub use key::{KeyError, encode_key, validate_key};
 pub use locks::{LockPolicy, LockReply, MAX_LOCK_BODY, handle as handle_lock};
 pub use metrics::Metrics;
+pub use pgtls::PgConnect;
 pub use reload::{Reloader, VECTORS, vetted};
 pub use store::{Current, Head, Kind, Listed, Meta, Store};

@@ -10,8 +10,8 @@ use fencecheck_authority::{
     Coordinator, PostgresCoordinator, SigningCoordinator, SqliteCoordinator, SystemClock,
 };
 use fencecheck_gateway::{
-    Auth, Blobs, Collector, Config, Gateway, Guarded, Limits, Metrics, Pace, Reloader, Store,
-    Upstream,
+    Auth, Blobs, Collector, Config, Gateway, Guarded, Limits, Metrics, Pace, PgConnect, Reloader,
+    Store, Upstream,
 };
 use pingora::server::Server;
 use pingora::server::configuration::ServerConf;
@@ -32,6 +32,12 @@ struct Args {
     /// it may read, write, delete and lock everything.
     #[arg(long)]
     insecure_open: bool,
+    /// Serve HTTPS with this certificate chain (PEM; with --tls-key).
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
     /// Longest lease, in seconds: a larger ttl_ms is refused (400).
     #[arg(long, default_value_t = 60)]
     max_ttl: u64,
@@ -160,14 +166,23 @@ fn main() -> anyhow::Result<()> {
             Store::open(&args.data, runtime)
                 .with_context(|| format!("opening the store in {}", args.data.display()))?,
         ),
-        Some(url) => (
-            Arc::new(
-                PostgresCoordinator::open(url, runtime.clone(), Arc::new(SystemClock))
+        Some(url) => {
+            let pg = PgConnect::resolve(url)?;
+            tracing::info!(tls = pg.is_tls(), pool = args.pg_pool, "PostgreSQL");
+            let for_leases = pg.clone();
+            (
+                Arc::new(
+                    PostgresCoordinator::open_with(
+                        Arc::new(move || for_leases.connect()),
+                        runtime.clone(),
+                        Arc::new(SystemClock),
+                    )
                     .context("opening the PostgreSQL lease coordinator")?,
-            ),
-            Store::open_postgres(url, runtime, args.pg_pool)
-                .context("opening the PostgreSQL store")?,
-        ),
+                ),
+                Store::open_postgres(pg, runtime, args.pg_pool.max(1))
+                    .context("opening the PostgreSQL store")?,
+            )
+        }
     };
     let coordinator: Arc<dyn Coordinator> = match &args.signing_key {
         None => coordinator,
@@ -243,7 +258,15 @@ fn main() -> anyhow::Result<()> {
         "fencecheck-gateway".to_owned(),
         Guarded::new(proxy, limits, metrics),
     );
-    service.add_tcp(&args.listen);
+    match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => {
+            let (cert, key) = tls_files(cert, key)?;
+            service
+                .add_tls(&args.listen, &cert, &key)
+                .context("adding the TLS listener")?;
+        }
+        _ => service.add_tcp(&args.listen),
+    }
     server.add_service(service);
     // Unpublished blobs (lost races, crashed uploads) go after the window.
     let collector = Collector::new(
@@ -269,4 +292,25 @@ fn is_loopback(listen: &str) -> anyhow::Result<bool> {
         .with_context(|| format!("--listen {listen:?}"))?
         .collect();
     Ok(!addrs.is_empty() && addrs.iter().all(|a| a.ip().is_loopback()))
+}
+
+/// The --tls-cert and --tls-key paths, checked: Pingora panics on files it
+/// cannot use, so they are loaded (and the key matched to the certificate)
+/// here first, for a clear error.
+fn tls_files(cert: &std::path::Path, key: &std::path::Path) -> anyhow::Result<(String, String)> {
+    let text = |p: &std::path::Path| {
+        p.to_str()
+            .map(str::to_owned)
+            .with_context(|| format!("{} is not UTF-8", p.display()))
+    };
+    let (cert, key) = (text(cert)?, text(key)?);
+    let (chain, private) = pingora::tls::load_certs_and_key_files(&cert, &key)
+        .map_err(|e| anyhow::anyhow!("reading --tls-cert/--tls-key: {e}"))?
+        .with_context(|| format!("no certificate in {cert} or no private key in {key}"))?;
+    pingora::tls::install_default_crypto_provider();
+    pingora::tls::ServerConfig::builder()
+        .with_no_client_auth()
+        .with_single_cert(chain, private)
+        .map_err(|e| anyhow::anyhow!("--tls-cert and --tls-key do not work together: {e}"))?;
+    Ok((cert, key))
 }

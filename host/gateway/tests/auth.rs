@@ -370,6 +370,7 @@ fn sighup_reloads_principals_and_secrets_stay_out_of_the_log() -> anyhow::Result
         &["--auth", &auth],
         Some(ROOT.to_owned()),
         Some((&log, "debug")),
+        &[],
     )?;
     let result = (|| -> anyhow::Result<()> {
         gw.wait_healthy()?;

@@ -165,14 +165,27 @@ fn head_transfers_no_body() -> anyhow::Result<()> {
             .status
             == 201
     );
+    // nginx writes a log line once its response is out, which may be a
+    // moment after the gateway has what it needed: wait for the line.
+    let lines_after = |before: usize| -> anyhow::Result<Vec<String>> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let log = nginx.access_log()?;
+            let lines: Vec<String> = log.lines().skip(before).map(str::to_owned).collect();
+            if !lines.is_empty() {
+                return Ok(lines);
+            }
+            ensure!(Instant::now() < deadline, "nginx logged nothing");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
     let before = nginx.access_log()?.lines().count();
     let r = gw.request("HEAD", "/objects/big", &[], b"")?;
     ensure!(
         r.status == 200 && r.body.is_empty() && r.header("content-length") == Some("1048576"),
         "{r:?}"
     );
-    let log = nginx.access_log()?;
-    let after: Vec<&str> = log.lines().skip(before).collect();
+    let after = lines_after(before)?;
     ensure!(
         after.len() == 1 && after[0].starts_with("HEAD /blobs/") && after[0].ends_with(" 200 0"),
         "{after:?}"

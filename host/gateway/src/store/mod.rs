@@ -22,6 +22,7 @@ use fencecheck_sqlite::{Fenced, ObjectId, publish, stage};
 use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::error::{Error, io};
+use crate::pgtls::PgConnect;
 use pool::{Backend, Conn, Pool};
 
 /// How long SQLite waits for the write lock before the request gets 503.
@@ -127,12 +128,12 @@ impl Store {
         Self::with_backend(Backend::Sqlite(dir.join("fencecheck.db")), runtime, 64)
     }
 
-    /// Open the store in the PostgreSQL database `url` (libpq form; TLS if
-    /// its `sslmode` asks for it), at most `pool` connections, installing
-    /// the layout if absent. Every gateway given the same database shares
-    /// one pointer and one high-water mark per key.
-    pub fn open_postgres(url: &str, runtime: Runtime, pool: usize) -> Result<Self, Error> {
-        Self::with_backend(Backend::Postgres(url.to_owned()), runtime, pool)
+    /// Open the store in the PostgreSQL database `connect` reaches (see
+    /// [`PgConnect`]), at most `pool` connections, installing the layout if
+    /// absent. Every gateway given the same database shares one pointer and
+    /// one high-water mark per key.
+    pub fn open_postgres(connect: PgConnect, runtime: Runtime, pool: usize) -> Result<Self, Error> {
+        Self::with_backend(Backend::Postgres(Box::new(connect)), runtime, pool)
     }
 
     fn with_backend(backend: Backend, runtime: Runtime, size: usize) -> Result<Self, Error> {

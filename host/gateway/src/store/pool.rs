@@ -20,8 +20,8 @@ const WAIT: Duration = Duration::from_secs(5);
 pub(crate) enum Backend {
     /// `DIR/fencecheck.db`.
     Sqlite(PathBuf),
-    /// A libpq connection string.
-    Postgres(String),
+    /// How to connect (TLS, credentials).
+    Postgres(Box<crate::pgtls::PgConnect>),
 }
 
 /// One pooled connection.
@@ -163,7 +163,12 @@ impl Pool {
         let (generation, runtime) = self.current_runtime()?;
         let conn = match &self.backend {
             Backend::Sqlite(db) => Conn::Sqlite(connect_sqlite(db)?),
-            Backend::Postgres(url) => Conn::Postgres(Box::new(crate::pgtls::connect(url)?)),
+            Backend::Postgres(pg) => Conn::Postgres(Box::new(pg.connect().map_err(|source| {
+                Error::Postgres(fencecheck_postgres::Error::Postgres {
+                    doing: "connecting",
+                    source,
+                })
+            })?)),
         };
         Ok(Slot {
             conn,

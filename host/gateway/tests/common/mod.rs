@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 
 pub mod nginx;
+pub mod pki;
 pub mod relay;
 
 /// The secret of the principal [`Gateway::start_authed`] configures.
@@ -101,7 +102,7 @@ impl Gateway {
 
     /// Start the process, not waiting for it.
     pub fn spawn(data: &Path, extra: &[&str], bearer: Option<String>) -> anyhow::Result<Self> {
-        Self::spawn_logged(data, extra, bearer, None)
+        Self::spawn_logged(data, extra, bearer, None, &[])
     }
 
     /// Start the process with its stderr in `log` (file, `RUST_LOG` level).
@@ -110,6 +111,7 @@ impl Gateway {
         extra: &[&str],
         bearer: Option<String>,
         log: Option<(&Path, &str)>,
+        env: &[(&str, &Path)],
     ) -> anyhow::Result<Self> {
         let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
         let addr = format!("127.0.0.1:{port}");
@@ -118,6 +120,7 @@ impl Gateway {
             .arg(data)
             .args(extra)
             .env("RUST_LOG", log.map_or("warn", |l| l.1))
+            .envs(env.iter().map(|(k, v)| (*k, v.as_os_str())))
             .stdout(Stdio::null())
             .stderr(match log {
                 Some((path, _)) => Stdio::from(std::fs::File::create(path)?),
