@@ -100,21 +100,30 @@ fn commit_unknown_is_its_own_answer() -> anyhow::Result<()> {
         }
         Ok(())
     })?;
-    ensure!(
-        r.status == 503 && r.json()?["title"] == "commit-unknown",
-        "{r:?}"
-    );
-    ensure!(r.json()?["key"] == "unknown/committed", "{r:?}");
-    let retry = gw.request(
-        "PUT",
-        "/objects/unknown/committed",
-        &[("Fence-Token", "0.1"), ("Idempotency-Key", "op-1")],
-        b"the body",
-    )?;
-    ensure!(
-        retry.status == 200 && retry.header("etag") == Some("\"1\""),
-        "{retry:?}"
-    );
+    // The same PUT again: same token, Idempotency-Key and body.
+    let retry = |key: &str, status: u16| -> anyhow::Result<()> {
+        let r = gw.request(
+            "PUT",
+            &format!("/objects/{key}"),
+            &[("Fence-Token", "0.1"), ("Idempotency-Key", "op-1")],
+            b"the body",
+        )?;
+        ensure!(
+            r.status == status && r.header("etag") == Some("\"1\""),
+            "{r:?}"
+        );
+        Ok(())
+    };
+    let unknown = |r: &common::Response, key: &str| -> anyhow::Result<()> {
+        let p = r.json()?;
+        ensure!(
+            r.status == 503 && p["title"] == "commit-unknown" && p["key"] == key,
+            "{r:?}"
+        );
+        Ok(())
+    };
+    unknown(&r, "unknown/committed")?;
+    retry("unknown/committed", 200)?;
     let got = gw.request("GET", "/objects/unknown/committed", &[], b"")?;
     ensure!(got.status == 200 && got.body == b"the body", "{got:?}");
 
@@ -126,22 +135,9 @@ fn commit_unknown_is_its_own_answer() -> anyhow::Result<()> {
         admin.execute("SELECT pg_advisory_unlock(4242)", &[])?;
         Ok(())
     })?;
-    ensure!(
-        r.status == 503 && r.json()?["title"] == "commit-unknown",
-        "{r:?}"
-    );
+    unknown(&r, "unknown/rolled-back")?;
     ensure!(version(&mut admin, "unknown/rolled-back")?.is_none());
-    let retry = gw.request(
-        "PUT",
-        "/objects/unknown/rolled-back",
-        &[("Fence-Token", "0.1"), ("Idempotency-Key", "op-1")],
-        b"the body",
-    )?;
-    ensure!(
-        retry.status == 201 && retry.header("etag") == Some("\"1\""),
-        "{retry:?}"
-    );
-    Ok(())
+    retry("unknown/rolled-back", 201)
 }
 
 /// On PostgreSQL: listing pages in byte order (whatever the database's

@@ -21,19 +21,7 @@ fn start_tls(dir: &Path, pki: &Pki, extra: &[&str]) -> anyhow::Result<(Gateway, 
     args.extend_from_slice(extra);
     // start_authed's health probe speaks plain HTTP: probe over HTTPS here.
     let data = dir.join("data");
-    std::fs::create_dir_all(&data)?;
-    let file = data.join("auth.toml");
-    common::write_auth(
-        &file,
-        &[common::Principal {
-            name: "root",
-            secret: ROOT_SECRET,
-            read: &[""],
-            write: &[""],
-            lock: &[""],
-        }],
-    )?;
-    let file = file.display().to_string();
+    let file = common::root_auth(&data)?.display().to_string();
     args.extend_from_slice(&["--auth", file.as_str()]);
     let mut gw = Gateway::spawn(&data, &args, Some(ROOT_SECRET.to_owned()))?;
     let base = format!("https://{}", gw.addr);
@@ -209,19 +197,7 @@ fn postgres_over_tls_with_pgpassfile_and_a_bounded_pool() -> anyhow::Result<()> 
         server.port()
     );
     let data = dir.path().join("data");
-    let auth = data.join("auth.toml");
-    std::fs::create_dir_all(&data)?;
-    common::write_auth(
-        &auth,
-        &[common::Principal {
-            name: "root",
-            secret: ROOT_SECRET,
-            read: &[""],
-            write: &[""],
-            lock: &[""],
-        }],
-    )?;
-    let auth = auth.display().to_string();
+    let auth = common::root_auth(&data)?.display().to_string();
     let args = [
         "--postgres",
         url.as_str(),

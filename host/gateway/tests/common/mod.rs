@@ -58,6 +58,24 @@ pub fn write_auth(path: &Path, principals: &[Principal<'_>]) -> anyhow::Result<(
     Ok(())
 }
 
+/// `DATA/auth.toml` with one principal, `root`, holding every right on
+/// every key (secret [`ROOT_SECRET`]).
+pub fn root_auth(data: &Path) -> anyhow::Result<PathBuf> {
+    std::fs::create_dir_all(data)?;
+    let file = data.join("auth.toml");
+    write_auth(
+        &file,
+        &[Principal {
+            name: "root",
+            secret: ROOT_SECRET,
+            read: &[""],
+            write: &[""],
+            lock: &[""],
+        }],
+    )?;
+    Ok(file)
+}
+
 /// A running gateway; killed on drop.
 pub struct Gateway {
     pub child: Child,
@@ -72,19 +90,7 @@ impl Gateway {
     /// Start with `--auth` and one principal holding every right on every
     /// key (secret [`ROOT_SECRET`]), which every request then presents.
     pub fn start_authed(data: &Path, extra: &[&str]) -> anyhow::Result<Self> {
-        std::fs::create_dir_all(data)?;
-        let file = data.join("auth.toml");
-        write_auth(
-            &file,
-            &[Principal {
-                name: "root",
-                secret: ROOT_SECRET,
-                read: &[""],
-                write: &[""],
-                lock: &[""],
-            }],
-        )?;
-        let file = file.display().to_string();
+        let file = root_auth(data)?.display().to_string();
         let mut args = vec!["--auth", file.as_str()];
         args.extend_from_slice(extra);
         let mut gw = Self::spawn(data, &args, Some(ROOT_SECRET.to_owned()))?;
