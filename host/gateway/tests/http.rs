@@ -403,8 +403,8 @@ fn collector_removes_orphans() -> anyhow::Result<()> {
 }
 
 /// Over `--max-in-flight`, a request that needs storage work gets 503 with
-/// Retry-After at once (never a verdict on the token), and is served again
-/// once the operation holding the only permit finishes. The permit is held
+/// Retry-After (never a verdict on the token), and is served again once
+/// the operation holding the only permit finishes; a GET is still served. The permit is held
 /// by a PUT whose staging waits for SQLite's write lock, which the test
 /// holds from outside.
 #[test]
@@ -437,8 +437,10 @@ fn in_flight_bound_is_503() -> anyhow::Result<()> {
         r.status == 503 && r.header("retry-after") == Some("1"),
         "{r:?}"
     );
+    // Reads do not queue behind writes: a GET's pointer read runs on the
+    // request's own thread (SQLite, WAL), not in a storage slot.
     let r = get(&gw, "warm")?;
-    ensure!(r.status == 503, "{r:?}");
+    ensure!(r.status == 200 && r.body == b"x", "{r:?}");
     db.execute_batch("ROLLBACK")?;
     let r = blocked
         .join()

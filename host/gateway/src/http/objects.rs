@@ -492,7 +492,12 @@ async fn get(
     let mut first = true;
     loop {
         let scope = key.to_owned();
-        let current = match gw.work(first, move |s| s.head(&scope)).await {
+        // The cheap read path (SQLite: this thread's reader), else the pool.
+        let head = match gw.store.head_here(key) {
+            Some(head) => Ok(head),
+            None => gw.work(first, move |s| s.head(&scope)).await,
+        };
+        let current = match head {
             Ok(head) => match head.visible {
                 Some(c) if c.kind == Kind::Blob => c,
                 _ => {

@@ -25,6 +25,12 @@ use crate::error::{Error, io};
 use crate::pgtls::PgConnect;
 use pool::{Backend, Conn, Pool};
 
+thread_local! {
+    /// Each thread's read-only connection (see [`Store::head_here`]).
+    static READER: std::cell::RefCell<Option<(std::path::PathBuf, Connection)>> =
+        const { std::cell::RefCell::new(None) };
+}
+
 /// How long SQLite waits for the write lock before the request gets 503.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -294,6 +300,22 @@ impl Store {
     /// The key's head: version and visible object (tombstones included).
     pub fn head(&self, scope: &str) -> Result<Head, Error> {
         self.pool.with(|conn, _| head(conn, scope))
+    }
+
+    /// The key's head read on the calling thread, through a read-only
+    /// connection of its own (SQLite in WAL mode: one indexed read that
+    /// never waits for a writer), so a GET needs no hop to the blocking
+    /// pool. `None` (PostgreSQL, or the reader failed): use [`Store::head`].
+    pub fn head_here(&self, scope: &str) -> Option<Head> {
+        let db = self.pool.sqlite_path()?;
+        READER.with(|slot| {
+            let mut slot = slot.try_borrow_mut().ok()?;
+            if slot.as_ref().is_none_or(|(path, _)| path != db) {
+                *slot = Some((db.to_owned(), pool::reader(db).ok()?));
+            }
+            let (_, reader) = slot.as_ref()?;
+            head_sqlite(reader, scope).and_then(head_from).ok()
+        })
     }
 
     /// Up to `limit` visible objects with keys starting with `prefix`, after
@@ -636,29 +658,36 @@ type HeadRow = (
     Option<String>,
 );
 
-fn head(conn: &mut Conn, scope: &str) -> Result<Head, Error> {
-    let row: Option<HeadRow> = match conn {
-        Conn::Sqlite(c) => c
-            .prepare_cached(schema::SQLITE_HEAD)
-            .and_then(|mut s| {
-                s.query_row([scope], |r| {
-                    Ok((
-                        r.get(0)?,
-                        r.get(1)?,
-                        r.get(2)?,
-                        r.get(3)?,
-                        r.get(4)?,
-                        r.get(5)?,
-                    ))
-                })
-                .optional()
+fn head_sqlite(c: &Connection, scope: &str) -> Result<Option<HeadRow>, Error> {
+    c.prepare_cached(schema::SQLITE_HEAD)
+        .and_then(|mut s| {
+            s.query_row([scope], |r| {
+                Ok((
+                    r.get(0)?,
+                    r.get(1)?,
+                    r.get(2)?,
+                    r.get(3)?,
+                    r.get(4)?,
+                    r.get(5)?,
+                ))
             })
-            .map_err(sqlite("reading the visible object"))?,
+            .optional()
+        })
+        .map_err(sqlite("reading the visible object"))
+}
+
+fn head(conn: &mut Conn, scope: &str) -> Result<Head, Error> {
+    let row = match conn {
+        Conn::Sqlite(c) => head_sqlite(c, scope)?,
         Conn::Postgres(c) => c
             .query_opt(schema::POSTGRES_HEAD, &[&scope])
             .map_err(|e| postgres_error("reading the visible object", e))?
             .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4), r.get(5))),
     };
+    head_from(row)
+}
+
+fn head_from(row: Option<HeadRow>) -> Result<Head, Error> {
     let Some((version, at, object, name, length, content_type)) = row else {
         return Ok(Head::default());
     };

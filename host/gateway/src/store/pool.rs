@@ -75,6 +75,14 @@ impl Pool {
         matches!(self.backend, Backend::Sqlite(_))
     }
 
+    /// The SQLite database file, if that is the backend.
+    pub fn sqlite_path(&self) -> Option<&Path> {
+        match &self.backend {
+            Backend::Sqlite(db) => Some(db),
+            Backend::Postgres(_) => None,
+        }
+    }
+
     fn current_runtime(&self) -> Result<(u64, Runtime), Error> {
         self.runtime
             .read()
@@ -176,6 +184,20 @@ impl Pool {
             generation,
         })
     }
+}
+
+/// A read-only connection for the calling thread (see `Store::head_here`).
+pub(crate) fn reader(db: &Path) -> Result<Connection, Error> {
+    let sqlite = |doing| move |source| Error::Sqlite { doing, source };
+    let conn = Connection::open_with_flags(
+        db,
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(sqlite("opening a reader"))?;
+    // A WAL reader waits only in rare cases (recovery); never long here.
+    conn.busy_timeout(std::time::Duration::from_millis(20))
+        .map_err(sqlite("setting the busy timeout"))?;
+    Ok(conn)
 }
 
 fn connect_sqlite(db: &Path) -> Result<Connection, Error> {
