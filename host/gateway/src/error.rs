@@ -44,6 +44,10 @@ pub enum Error {
     /// The gateway's configuration is unusable.
     #[error("configuration: {0}")]
     Config(String),
+    /// A publish committed but its fsync failed: it is visible now, and may
+    /// not survive a power loss (answered as an unknown commit).
+    #[error("the committed publish could not be synced: {0}")]
+    Unsynced(#[source] std::io::Error),
     /// A blocking task died (panicked or was cancelled).
     #[error("a storage task did not finish: {0}")]
     Task(String),
@@ -79,7 +83,7 @@ impl Error {
     pub fn is_commit_unknown(&self) -> bool {
         matches!(
             self,
-            Error::Postgres(fencecheck_postgres::Error::CommitUnknown(_))
+            Error::Postgres(fencecheck_postgres::Error::CommitUnknown(_)) | Error::Unsynced(_)
         )
     }
 }

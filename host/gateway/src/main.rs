@@ -111,6 +111,12 @@ struct Args {
     /// `fencecheck_keys`, set with `fencecheck keys set`) accept.
     #[arg(long, value_name = "FILE")]
     signing_key: Option<PathBuf>,
+    /// SQLite: fsync each publish on its own instead of sharing one fsync
+    /// among the publishes that arrive together (group commit, the
+    /// default); both answer only once the publish is on disk. For
+    /// measuring the difference.
+    #[arg(long)]
+    per_publish_sync: bool,
     /// Worker threads for the HTTP service.
     #[arg(long, default_value_t = 2)]
     threads: usize,
@@ -163,8 +169,15 @@ fn main() -> anyhow::Result<()> {
                 )
                 .context("opening the lease coordinator")?,
             ),
-            Store::open(&args.data, runtime)
-                .with_context(|| format!("opening the store in {}", args.data.display()))?,
+            {
+                let store = Store::open(&args.data, runtime)
+                    .with_context(|| format!("opening the store in {}", args.data.display()))?;
+                if args.per_publish_sync {
+                    store.per_publish_sync()
+                } else {
+                    store
+                }
+            },
         ),
         Some(url) => {
             let pg = PgConnect::resolve(url)?;

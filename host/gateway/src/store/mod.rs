@@ -9,6 +9,7 @@
 //! All calls here block (the database, the component): the gateway runs
 //! them on tokio's blocking pool, each under an in-flight permit.
 
+mod group;
 mod pool;
 mod schema;
 
@@ -125,6 +126,8 @@ pub struct Store {
     /// which sleeps and retries (slow under contention); SQLite still
     /// arbitrates between processes. PostgreSQL writers lock rows instead.
     writer: Mutex<()>,
+    /// SQLite with group commit (the default): publishes share fsyncs.
+    group: Option<group::GroupSync>,
 }
 
 impl Store {
@@ -154,11 +157,22 @@ impl Store {
                 install_postgres(c)
             }
         })?;
+        let group = pool
+            .sqlite_path()
+            .map(|db| group::GroupSync::new(db.to_owned()));
         Ok(Self {
             pool,
             id,
             writer: Mutex::new(()),
+            group,
         })
+    }
+
+    /// SQLite: sync each publish on its own (`synchronous=FULL`) instead of
+    /// in groups; for comparing the two (BENCHMARKS.md).
+    pub fn per_publish_sync(mut self) -> Self {
+        self.group = None;
+        self
     }
 
     /// The prefix of this store's blob names.
@@ -234,20 +248,43 @@ impl Store {
         object: ObjectId,
         meta: &Meta,
     ) -> Result<Fenced<()>, Error> {
-        let _turn = self.turn();
-        self.pool.with(|conn, guest| {
+        let turn = self.turn();
+        let group = self.group.as_ref();
+        let (outcome, seq) = self.pool.with(|conn, guest| {
             record(conn, object, meta)?;
             match conn {
-                Conn::Sqlite(c) => Ok(publish(c, guest, request, object, SystemTime::now())?),
-                Conn::Postgres(c) => Ok(fencecheck_postgres::publish(
-                    c,
-                    guest,
-                    request,
-                    fencecheck_postgres::ObjectId::from_raw(object.get()),
-                    SystemTime::now(),
-                )?),
+                Conn::Sqlite(c) if group.is_some() => {
+                    let outcome = relaxed(c, |c| {
+                        Ok(publish(c, guest, request, object, SystemTime::now())?)
+                    })?;
+                    // Numbered under the turn, right after the commit.
+                    let seq = match (&outcome, group) {
+                        (Fenced::Applied { .. }, Some(g)) => Some(g.wrote()?),
+                        _ => None,
+                    };
+                    Ok((outcome, seq))
+                }
+                Conn::Sqlite(c) => {
+                    Ok((publish(c, guest, request, object, SystemTime::now())?, None))
+                }
+                Conn::Postgres(c) => Ok((
+                    fencecheck_postgres::publish(
+                        c,
+                        guest,
+                        request,
+                        fencecheck_postgres::ObjectId::from_raw(object.get()),
+                        SystemTime::now(),
+                    )?,
+                    None,
+                )),
             }
-        })
+        })?;
+        // Other writers commit while this one waits for the fsync.
+        drop(turn);
+        if let (Some(seq), Some(g)) = (seq, group) {
+            g.sync_through(seq)?;
+        }
+        Ok(outcome)
     }
 
     /// The body hash `op_id` was applied with on `scope` at `version`, if
@@ -610,9 +647,10 @@ fn record(conn: &mut Conn, object: ObjectId, meta: &Meta) -> Result<(), Error> {
 
 /// Run `f` with `synchronous=NORMAL`: its commit is not fsynced on its own.
 /// Safe for staging, recording and discarding: a WAL commit is durable once
-/// any later commit is synced, so a publish (FULL) makes the rows before it
+/// any later commit is synced, so a publish's sync makes the rows before it
 /// durable too, and a lost staging or discard only leaves work for the
-/// collector. The connection is back at FULL afterwards, or it is not reused.
+/// collector. Publishes under group commit sync afterwards ([`group`]).
+/// The connection is back at FULL afterwards, or it is not reused.
 fn relaxed<T>(
     conn: &mut Connection,
     f: impl FnOnce(&mut Connection) -> Result<T, Error>,
