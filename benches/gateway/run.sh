@@ -16,7 +16,7 @@ cleanup() { for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done;
             for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done; rm -rf "$work"; }
 trap cleanup EXIT
 
-UP=18181 PX=18182 GW=18180
+UP=18181 PX=18182 GW=18180 GW1=18183
 mkdir -p "$work/dav/root/blobs" "$work/dav/tmp" "$work/px/tmp" "$work/gw"
 temps() { for t in body proxy fastcgi uwsgi scgi; do echo "${t}_temp_path $1/tmp/$t;" | sed 's/^body_temp/client_body_temp/'; done; }
 cat > "$work/dav/nginx.conf" <<CONF
@@ -42,7 +42,14 @@ hash=$(printf %s "$secret" | sha256sum | cut -d' ' -f1)
 printf '[[principal]]\nname = "bench"\nsecret_sha256 = "%s"\nread = [""]\nwrite = [""]\nlock = [""]\n' "$hash" > "$work/auth.toml"
 RUST_LOG=warn "$gw_bin" --listen 127.0.0.1:$GW --data "$work/gw" --upstream "http://127.0.0.1:$UP/blobs/" \
   --auth "$work/auth.toml" --threads 2 --max-in-flight 1024 --max-connections 4096 --max-body $((2 << 20)) & pids+=($!)
-for _ in $(seq 100); do curl -fs "http://127.0.0.1:$GW/healthz" >/dev/null 2>&1 && break; sleep 0.1; done
+# The same, one fsync per publish instead of group commit (PUT rows only).
+mkdir -p "$work/gw1"
+RUST_LOG=warn "$gw_bin" --listen 127.0.0.1:$GW1 --data "$work/gw1" --upstream "http://127.0.0.1:$UP/blobs/" \
+  --auth "$work/auth.toml" --threads 2 --max-in-flight 1024 --max-connections 4096 --max-body $((2 << 20)) \
+  --per-publish-sync & pids+=($!)
+for port in $GW $GW1; do
+  for _ in $(seq 100); do curl -fs "http://127.0.0.1:$port/healthz" >/dev/null 2>&1 && break; sleep 0.1; done
+done
 auth="Authorization: Bearer $secret"
 
 for size in 4096 1048576; do
@@ -57,5 +64,7 @@ for size in 4096 1048576; do
   wrk -t2 -c64 -d"${secs}s" --latency -s "$here/put.lua" "http://127.0.0.1:$PX" -- "$size" /blobs/p | grep -E "Requests/sec|99%|Non-2xx|Transfer"
   echo "== PUT $size via fencecheck-gateway (fenced)"
   wrk -t2 -c64 -d"${secs}s" --latency -s "$here/put.lua" "http://127.0.0.1:$GW" -- "$size" /objects/k fenced "$secret" | grep -E "Requests/sec|99%|Non-2xx|Transfer"
+  echo "== PUT $size via fencecheck-gateway (fenced, --per-publish-sync)"
+  wrk -t2 -c64 -d"${secs}s" --latency -s "$here/put.lua" "http://127.0.0.1:$GW1" -- "$size" /objects/k fenced "$secret" | grep -E "Requests/sec|99%|Non-2xx|Transfer"
   find "$work/dav/root/blobs" -name "p*" -delete
 done
