@@ -235,7 +235,7 @@ fn connection_bound_is_503() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let gw = Gateway::start_authed(
         dir.path(),
-        &["--max-connections", "3", "--header-timeout", "2"],
+        &["--max-connections", "3", "--header-timeout", "6"],
     )?;
     let mut idle: Vec<TcpStream> = (0..2)
         .map(|_| TcpStream::connect(&gw.addr))
@@ -272,6 +272,11 @@ fn connection_bound_is_503() -> anyhow::Result<()> {
     }
     let r = gw.request("GET", "/objects/none", &[], b"")?;
     ensure!(r.status == 404, "{r:?}");
-    ensure!(gw.metric("fencecheck_gateway_connections_refused_total")? == Some(1.0));
+    // At least the refusal above (a probe of the gauge may have raced one
+    // of the idle connections' closing and been refused too).
+    ensure!(
+        gw.metric("fencecheck_gateway_connections_refused_total")?
+            .is_some_and(|n| n >= 1.0)
+    );
     Ok(())
 }
