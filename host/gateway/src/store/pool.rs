@@ -111,6 +111,14 @@ impl Pool {
         let mut slots = self.slots.lock().map_err(|_| poisoned())?;
         loop {
             if let Some(slot) = slots.idle.pop() {
+                // A connection the server or the network closed while it was
+                // idle is dropped here rather than failing a request.
+                if let Conn::Postgres(client) = &slot.conn
+                    && client.is_closed()
+                {
+                    slots.open = slots.open.saturating_sub(1);
+                    continue;
+                }
                 return Ok(Some(slot));
             }
             if slots.open < self.size {
