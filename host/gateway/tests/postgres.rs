@@ -100,19 +100,27 @@ fn commit_unknown_is_its_own_answer() -> anyhow::Result<()> {
         }
         Ok(())
     })?;
-    // The same PUT again: same token, Idempotency-Key and body.
+    // The same PUT again: same token, Idempotency-Key and body; again
+    // after a 503 `unavailable`, as that answer says (a pooled connection
+    // the cut killed can fail one statement before the pool notices).
     let retry = |key: &str, status: u16| -> anyhow::Result<()> {
-        let r = gw.request(
-            "PUT",
-            &format!("/objects/{key}"),
-            &[("Fence-Token", "0.1"), ("Idempotency-Key", "op-1")],
-            b"the body",
-        )?;
-        ensure!(
-            r.status == status && r.header("etag") == Some("\"1\""),
-            "{r:?}"
-        );
-        Ok(())
+        for _ in 0..3 {
+            let r = gw.request(
+                "PUT",
+                &format!("/objects/{key}"),
+                &[("Fence-Token", "0.1"), ("Idempotency-Key", "op-1")],
+                b"the body",
+            )?;
+            if r.status == 503 && r.json()?["title"] == "unavailable" {
+                continue;
+            }
+            ensure!(
+                r.status == status && r.header("etag") == Some("\"1\""),
+                "{r:?}"
+            );
+            return Ok(());
+        }
+        anyhow::bail!("{key}: still unavailable after three tries")
     };
     let unknown = |r: &common::Response, key: &str| -> anyhow::Result<()> {
         let p = r.json()?;
