@@ -373,6 +373,13 @@ impl PgServer {
             .with_context(|| format!("connecting as {role} to {url}"))
     }
 
+    /// A client program of the server's installation (`pg_dump`, `psql`…),
+    /// run as the current user; point it at the server with `-h 127.0.0.1
+    /// -p PORT -U postgres`.
+    pub fn tool(&self, program: &str) -> Command {
+        Command::new(self.bin.join(program))
+    }
+
     /// The data directory's root, where the server log and socket live.
     pub fn root(&self) -> &Path {
         &self.root

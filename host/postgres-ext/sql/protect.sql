@@ -2,7 +2,7 @@
 -- and fence_unprotect, and the event triggers that keep writers (and
 -- mistakes) from changing how a fenced table is fenced. README, "Fenced
 -- tables", lists each path and its test. This text is in
--- fencecheck--0.1.1--0.1.2.sql as well (tests/upgrade_ext.rs proves the two
+-- fencecheck--0.1.1--0.1.2.sql as well (tests/upgrade.rs proves the two
 -- installs equal, object for object).
 
 -- The trigger functions run only where fence_protect put them: no role
@@ -118,10 +118,12 @@ $fn$;
 
 -- What is wrong with a fenced table's triggers, or NULL. With `complete`,
 -- also every trigger fence_protect makes must be there (a restore creates
--- them one by one, so the DDL guard checks only what is present). The
--- fence's row trigger must be the last BEFORE row trigger: one that fires
--- after it could change a row the fence approved.
-CREATE FUNCTION fencecheck.trigger_trouble(p fencecheck.protected, complete boolean)
+-- them one by one, so the DDL guard checks only what is present); with
+-- `just`, only that trigger is compared with what fence_protect makes (the
+-- guard, after a trigger's DDL: fence_protect replaces them one at a time).
+-- The fence's row trigger must be the last BEFORE row trigger: one that
+-- fires after it could change a row the fence approved.
+CREATE FUNCTION fencecheck.trigger_trouble(p fencecheck.protected, complete boolean, just name DEFAULT NULL)
 RETURNS text
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
@@ -138,6 +140,7 @@ BEGIN
             ('fencecheck_truncate', 'fencecheck.truncate_trigger()'::regprocedure, 34, ''::bytea))
             AS w(name, fn, type, args)
     LOOP
+        CONTINUE WHEN just IS NOT NULL AND just <> want.name;
         SELECT tgfoid, tgtype, tgenabled, tgqual, tgattr, tgargs INTO t FROM pg_trigger
          WHERE tgrelid = p.relid AND tgname = want.name;
         IF NOT FOUND THEN
@@ -152,7 +155,7 @@ BEGIN
         END IF;
     END LOOP;
     SELECT tgname INTO t FROM pg_trigger
-     WHERE tgrelid = p.relid
+     WHERE tgrelid = p.relid AND (just IS NULL OR tgname = just)
        AND tgfoid IN ('fencecheck.row_trigger()'::regprocedure, 'fencecheck.inserted_trigger()'::regprocedure,
                       'fencecheck.truncate_trigger()'::regprocedure)
        AND tgname NOT IN ('zz_fencecheck_row', 'fencecheck_inserted', 'fencecheck_truncate')
@@ -322,7 +325,7 @@ DECLARE
 BEGIN
     FOR cmd IN SELECT * FROM pg_event_trigger_ddl_commands() LOOP
         IF cmd.classid = 'pg_trigger'::regclass THEN
-            SELECT tgrelid, tgfoid INTO trig FROM pg_trigger WHERE oid = cmd.objid;
+            SELECT tgrelid, tgfoid, tgname INTO trig FROM pg_trigger WHERE oid = cmd.objid;
             CONTINUE WHEN NOT FOUND;
             rel := trig.tgrelid;
             SELECT * INTO p FROM fencecheck.protected WHERE relid = rel;
@@ -338,7 +341,7 @@ BEGIN
                 RAISE EXCEPTION USING ERRCODE = '42501',
                     MESSAGE = format('must be owner of table %s to create a trigger on it: it is fenced', rel);
             END IF;
-            reason := fencecheck.trigger_trouble(p, false);
+            reason := fencecheck.trigger_trouble(p, false, trig.tgname);
         ELSIF cmd.classid = 'pg_class'::regclass THEN
             -- The table itself, and any table it now inherits from or
             -- passes its rows to.

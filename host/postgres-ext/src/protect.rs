@@ -151,14 +151,6 @@ unsafe fn firing<'a>(fcinfo: pg_sys::FunctionCallInfo, name: &str) -> Result<Fir
     let trigger = unsafe { PgTrigger::from_fcinfo(&*fcinfo) }
         .map_err(|e| registry::unsound(format!("not called as a trigger: {e}")))?;
     let trig = trigger.trigger();
-    // SAFETY: tgname is the fired trigger's NUL-terminated name.
-    let fired = unsafe { CStr::from_ptr(trig.tgname) };
-    if fired.to_bytes() != name.as_bytes() {
-        return Err(registry::unsound(format!(
-            "trigger {:?} is not one fence_protect made",
-            fired.to_string_lossy()
-        )));
-    }
     let relid = trigger
         .relid()
         .map_err(|e| registry::unsound(format!("no relation: {e}")))?;
@@ -181,6 +173,16 @@ unsafe fn firing<'a>(fcinfo: pg_sys::FunctionCallInfo, name: &str) -> Result<Fir
     let desc = unsafe { (*data.tg_relation).rd_att };
     // SAFETY: desc is relid's descriptor.
     let fenced = unsafe { registry::fenced(relid, desc, &args)? };
+    // The table is sound, so its trigger of this name is the one
+    // fence_protect made with these arguments: the firing must be it.
+    // SAFETY: tgname is the fired trigger's NUL-terminated name.
+    let fired = unsafe { CStr::from_ptr(trig.tgname) };
+    if fired.to_bytes() != name.as_bytes() {
+        return Err(registry::unsound(format!(
+            "trigger {:?} is not one fence_protect made",
+            fired.to_string_lossy()
+        )));
+    }
     // SAFETY: as above.
     unsafe { fenced.check_types(desc)? };
     Ok(Firing {

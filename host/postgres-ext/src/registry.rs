@@ -186,6 +186,27 @@ pub(crate) unsafe fn fenced(
     let generation = GENERATION.with(Cell::get);
     FILLING.with(|f| f.set(relid));
     let checked = Spi::connect(|client| {
+        // The library may be newer than the extension's SQL objects (a new
+        // package installed, ALTER EXTENSION UPDATE not yet run): then
+        // there is no registry to trust, and every row is refused.
+        let current = client
+            .select(
+                "SELECT pg_catalog.to_regprocedure('fencecheck.unsound(pg_catalog.regclass)') IS NOT NULL",
+                Some(1),
+                &[],
+            )?
+            .first()
+            .get_one::<bool>()?;
+        if current != Some(true) {
+            return Ok((
+                Some(
+                    "the extension's SQL objects are older than its library: \
+                     run ALTER EXTENSION fencecheck UPDATE"
+                        .to_string(),
+                ),
+                None,
+            ));
+        }
         let row = client
             .select(
                 "SELECT fencecheck.unsound($1::pg_catalog.oid::pg_catalog.regclass), \
