@@ -267,3 +267,42 @@ fn the_owner_keeps_ordinary_ddl() -> Result<()> {
     ensure!(left == 0, "a dropped table is forgotten");
     Ok(())
 }
+
+/// A table owner who is not a superuser fences its own table, adds a
+/// trigger that fires before the fence, and unprotects it; another role's
+/// fence_protect of that table is 42501.
+#[test]
+fn an_owner_who_is_not_a_superuser_fences_its_own_table() -> Result<()> {
+    let (server, mut db, mut w) = docs()?;
+    db.batch_execute(
+        "CREATE ROLE o LOGIN;
+         GRANT CREATE ON SCHEMA public TO o;",
+    )?;
+    let mut o = server.client_as("o")?;
+    o.batch_execute(
+        "CREATE TABLE mine (scope text PRIMARY KEY, body text, token text, fence_state bytea);
+         SELECT fence_protect('mine', 'scope', 'token', 'fence_state');
+         INSERT INTO mine (scope, body, token) VALUES ('a', 'x', '0.5');
+         CREATE FUNCTION stamp() RETURNS trigger LANGUAGE plpgsql AS
+             $$BEGIN NEW.body := NEW.body || '!'; RETURN NEW; END$$;
+         CREATE TRIGGER set_body BEFORE UPDATE ON mine FOR EACH ROW EXECUTE FUNCTION stamp();
+         GRANT SELECT, INSERT, UPDATE, DELETE ON mine TO w;",
+    )?;
+    let stale = w.execute("UPDATE mine SET body = 'y', token = '0.4'", &[]);
+    ensure!(sqlstate(&stale).as_deref() == Some("5F001"), "{stale:?}");
+    ensure!(w.execute("UPDATE mine SET body = 'y', token = '0.6'", &[])? == 1);
+    let not_theirs = w.batch_execute("SELECT fence_unprotect('mine')");
+    ensure!(
+        sqlstate(&not_theirs).as_deref() == Some("42501"),
+        "{not_theirs:?}"
+    );
+    let not_mine = o.batch_execute("SELECT fence_unprotect('docs')");
+    ensure!(
+        sqlstate(&not_mine).as_deref() == Some("42501"),
+        "{not_mine:?}"
+    );
+    o.batch_execute("SELECT fence_unprotect('mine')")?;
+    ensure!(w.execute("UPDATE mine SET body = 'z'", &[])? == 1);
+    ensure!(body(&mut db)? == b9());
+    Ok(())
+}
