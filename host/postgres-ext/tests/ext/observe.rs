@@ -4,13 +4,11 @@
 //! `fencecheck.log_stale`'s level; and that each backend's cached view of
 //! the keys follows `fencecheck.keys` exactly.
 
-mod common;
-
 use std::collections::HashMap;
 use std::thread;
 
+use crate::common::{PgServer, SECRET, protected_catalog, signed, sqlstate};
 use anyhow::{Result, anyhow, ensure};
-use common::{PgServer, SECRET, protected_catalog, signed, sqlstate};
 use fencecheck_tests::pgserver::wait_for_lock_waiter;
 use postgres::Client;
 
@@ -122,7 +120,7 @@ fn decisions_are_counted_cluster_wide_and_stale_ones_logged() -> Result<()> {
 /// decisions only.
 #[test]
 fn without_preloading_each_session_counts_its_own() -> Result<()> {
-    let (server, mut db) = common::server()?;
+    let (server, mut db) = crate::common::server()?;
     protected_catalog(&mut db, "strict")?;
     db.execute(
         "INSERT INTO report_catalog (report_id, fence_token) VALUES ($1, '0.42')",
@@ -143,7 +141,7 @@ fn without_preloading_each_session_counts_its_own() -> Result<()> {
 /// to unsigned tokens again.
 #[test]
 fn key_changes_reach_every_backend_and_wait_for_writes_in_flight() -> Result<()> {
-    let (server, mut db) = common::server()?;
+    let (server, mut db) = crate::common::server()?;
     protected_catalog(&mut db, "strict")?;
     db.execute(
         "INSERT INTO report_catalog (report_id, fence_token) VALUES ($1, '0.42')",

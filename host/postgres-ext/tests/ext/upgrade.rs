@@ -3,13 +3,11 @@
 //! tests/sql/) fences their tables the 0.1.2 way and ends with the objects
 //! a fresh install makes; and pg_dump/restore keeps a fenced table fenced.
 
-mod common;
-
 use std::path::PathBuf;
 use std::process::Command;
 
+use crate::common::{PgServer, message, sqlstate};
 use anyhow::{Context, Result, bail, ensure};
-use common::{PgServer, message, sqlstate};
 use postgres::Client;
 
 const JULY: &str = "report/july";
@@ -54,8 +52,8 @@ fn version(db: &mut Client) -> Result<String> {
 /// the upgrade define the new objects from one text.
 #[test]
 fn the_upgrade_script_carries_protect_sql() -> Result<()> {
-    let protect = include_str!("../sql/protect.sql");
-    let upgrade = include_str!("../sql/fencecheck--0.1.1--0.1.2.sql");
+    let protect = include_str!("../../sql/protect.sql");
+    let upgrade = include_str!("../../sql/fencecheck--0.1.1--0.1.2.sql");
     ensure!(
         upgrade.contains(protect),
         "sql/fencecheck--0.1.1--0.1.2.sql must hold sql/protect.sql verbatim"

@@ -7,10 +7,8 @@
 //! login role `w` with SELECT, INSERT, UPDATE and DELETE on it and nothing
 //! else, and the row `report/july` at token 0.42.
 
-mod common;
-
+use crate::common::{PgServer, message, server, signed, sqlstate};
 use anyhow::{Context, Result, ensure};
-use common::{PgServer, message, server, signed, sqlstate};
 use postgres::Client;
 
 const JULY: &str = "report/july";
@@ -418,7 +416,7 @@ fn what_a_reader_sees_is_not_a_credential() -> Result<()> {
     )?;
     db.execute(
         "INSERT INTO fencecheck.keys VALUES ('report/', 3, $1)",
-        &[&common::SECRET.as_slice()],
+        &[&crate::common::SECRET.as_slice()],
     )?;
     let grant = signed(JULY, 42)?;
     let mut tx = db.transaction()?;

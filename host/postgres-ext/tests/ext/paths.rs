@@ -3,10 +3,8 @@
 //! its own that references it): each goes through the fence, or is refused
 //! (README, "Fenced tables", the path table).
 
-mod common;
-
+use crate::common::{PgServer, server, sqlstate};
 use anyhow::{Result, ensure};
-use common::{PgServer, server, sqlstate};
 use postgres::Client;
 
 const JULY: &str = "report/july";

@@ -3,10 +3,8 @@
 //! (5F014), read as the extension's owner so writers never see a secret;
 //! and the 7-argument fence_check/fence_next take the keys explicitly.
 
-mod common;
-
+use crate::common::{KEYS, SECRET, message, protected_catalog, row, server, signed, sqlstate};
 use anyhow::{Result, ensure};
-use common::{KEYS, SECRET, message, protected_catalog, row, server, signed, sqlstate};
 use fencecheck::{Token, TokenText};
 use postgres::Client;
 
