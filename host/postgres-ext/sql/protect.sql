@@ -33,166 +33,39 @@ REVOKE ALL ON fencecheck.protected FROM PUBLIC;
 GRANT SELECT ON fencecheck.protected TO PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('fencecheck.protected', '');
 
--- pg_trigger.tgargs of a trigger made with these arguments.
-CREATE FUNCTION fencecheck.trigger_args(VARIADIC args text[]) RETURNS bytea
-LANGUAGE sql STABLE STRICT
-SET search_path = pg_catalog, pg_temp
-AS $fn$
-    SELECT coalesce(string_agg(convert_to(a, getdatabaseencoding()) || '\x00'::bytea, ''::bytea ORDER BY n), ''::bytea)
-      FROM unnest(args) WITH ORDINALITY AS x(a, n)
-$fn$;
-
+-- Soundness, one implementation in the library (src/soundness.rs), read
+-- through PostgreSQL's C API: the row trigger asks it once per backend and
+-- table, fence_protect and the guard below through these functions.
+--
 -- Why `tbl` cannot be fenced soundly on these columns, or NULL: one row per
 -- scope (a non-deferrable unique key on the scope alone, compared byte for
 -- byte as the tombstones and key prefixes compare it), no row written
 -- through another table (no inheritance, no partitions), marks that
--- survive a crash (not unlogged), and columns of the types the trigger
--- reads.
+-- survive a crash and the session (not unlogged, not temporary), and
+-- columns of the types the trigger reads, none generated.
 CREATE FUNCTION fencecheck.unfit(tbl regclass, scope_column text, token_column text, state_column text)
 RETURNS text
-LANGUAGE plpgsql STABLE
-SET search_path = pg_catalog, pg_temp
-AS $fn$
-DECLARE
-    rel record;
-    col record;
-    att record;
-    scope_att smallint;
-BEGIN
-    SELECT relkind, relispartition, relpersistence INTO rel FROM pg_class WHERE oid = tbl;
-    IF NOT FOUND THEN
-        RETURN format('relation %s does not exist', tbl::oid);
-    END IF;
-    IF rel.relkind = 'p' OR rel.relispartition THEN
-        RETURN format('%s is partitioned or a partition: a fenced table is one plain table', tbl);
-    END IF;
-    IF rel.relkind <> 'r' THEN
-        RETURN format('%s is not a table', tbl);
-    END IF;
-    IF rel.relpersistence = 'u' THEN
-        RETURN format('%s is unlogged: its marks would not survive a crash', tbl);
-    END IF;
-    IF EXISTS (SELECT 1 FROM pg_inherits WHERE inhrelid = tbl OR inhparent = tbl) THEN
-        RETURN format('%s inherits from or is inherited by another table: rows of a child are written through its parent without a token', tbl);
-    END IF;
-    IF scope_column = token_column OR scope_column = state_column OR token_column = state_column THEN
-        RETURN 'the scope, token and state columns must be three different columns';
-    END IF;
-    FOR col IN SELECT * FROM (VALUES
-            ('scope', scope_column, ARRAY['text'::regtype, 'varchar'::regtype], 'text or varchar'),
-            ('token', token_column, ARRAY['text'::regtype, 'varchar'::regtype], 'text or varchar'),
-            ('state', state_column, ARRAY['bytea'::regtype], 'bytea')) AS c(role, name, types, wanted)
-    LOOP
-        SELECT attnum, atttypid, attgenerated, attcollation INTO att FROM pg_attribute
-         WHERE attrelid = tbl AND attname = col.name AND attnum > 0 AND NOT attisdropped;
-        IF NOT FOUND THEN
-            RETURN format('%s has no column %I', tbl, col.name);
-        END IF;
-        IF NOT att.atttypid = ANY (col.types) THEN
-            RETURN format('the %s column %I must be %s, it is %s', col.role, col.name, col.wanted, att.atttypid::regtype);
-        END IF;
-        IF att.attgenerated <> '' THEN
-            RETURN format('the %s column %I is generated', col.role, col.name);
-        END IF;
-        IF col.role = 'scope' THEN
-            IF NOT coalesce((SELECT collisdeterministic FROM pg_collation WHERE oid = att.attcollation), false) THEN
-                RETURN format('the scope column %I has a nondeterministic collation: two spellings of one scope would be two high-water marks', col.name);
-            END IF;
-            scope_att := att.attnum;
-        END IF;
-    END LOOP;
-    -- One row per scope: two rows of one scope would be two high-water marks.
-    IF NOT EXISTS (
-        SELECT 1 FROM pg_index i
-         WHERE i.indrelid = tbl AND i.indisunique AND i.indimmediate
-           AND i.indisvalid AND i.indisready AND i.indislive
-           AND i.indnkeyatts = 1 AND i.indkey[0] = scope_att
-           AND i.indpred IS NULL AND i.indexprs IS NULL
-           AND coalesce((SELECT collisdeterministic FROM pg_collation WHERE oid = i.indcollation[0]), false)
-    ) THEN
-        RETURN format('%s needs a primary key or unique index on %I alone, not deferrable, with a deterministic collation', tbl, scope_column);
-    END IF;
-    RETURN NULL;
-END
-$fn$;
+AS 'MODULE_PATHNAME', 'fencecheck_unfit'
+LANGUAGE C STABLE STRICT;
 
 -- What is wrong with a fenced table's triggers, or NULL. With `complete`,
 -- also every trigger fence_protect makes must be there (a restore creates
 -- them one by one, so the DDL guard checks only what is present); with
 -- `just`, only that trigger is compared with what fence_protect makes (the
--- guard, after a trigger's DDL: fence_protect replaces them one at a time).
--- The fence's row trigger must be the last BEFORE row trigger: one that
--- fires after it could change a row the fence approved.
-CREATE FUNCTION fencecheck.trigger_trouble(p fencecheck.protected, complete boolean, just name DEFAULT NULL)
+-- guard, after a trigger's DDL: fence_protect replaces them one at a
+-- time). The fence's row trigger must be the last BEFORE row trigger: one
+-- that fires after it could change a row the fence approved.
+CREATE FUNCTION fencecheck.trigger_trouble(tbl regclass, complete boolean, just name DEFAULT NULL)
 RETURNS text
-LANGUAGE plpgsql STABLE
-SET search_path = pg_catalog, pg_temp
-AS $fn$
-DECLARE
-    args bytea := fencecheck.trigger_args(p.scope_column, p.token_column, p.state_column, p.policy);
-    want record;
-    t record;
-BEGIN
-    -- tgtype bits: ROW 1, BEFORE 2, INSERT 4, DELETE 8, UPDATE 16, TRUNCATE 32.
-    FOR want IN SELECT * FROM (VALUES
-            ('zz_fencecheck_row', 'fencecheck.row_trigger()'::regprocedure, 31, args),
-            ('fencecheck_inserted', 'fencecheck.inserted_trigger()'::regprocedure, 5, args),
-            ('fencecheck_truncate', 'fencecheck.truncate_trigger()'::regprocedure, 34, ''::bytea))
-            AS w(name, fn, type, args)
-    LOOP
-        CONTINUE WHEN just IS NOT NULL AND just <> want.name;
-        SELECT tgfoid, tgtype, tgenabled, tgqual, tgattr, tgargs INTO t FROM pg_trigger
-         WHERE tgrelid = p.relid AND tgname = want.name;
-        IF NOT FOUND THEN
-            IF complete THEN
-                RETURN format('%s: its trigger %I is missing', p.relid, want.name);
-            END IF;
-            CONTINUE;
-        END IF;
-        IF t.tgfoid <> want.fn OR t.tgtype <> want.type OR t.tgenabled NOT IN ('O', 'A')
-           OR t.tgqual IS NOT NULL OR t.tgattr::text <> '' OR t.tgargs <> want.args THEN
-            RETURN format('%s: its trigger %I is not the one fence_protect made (disabled, conditional, or another function, event or argument list)', p.relid, want.name);
-        END IF;
-    END LOOP;
-    SELECT tgname INTO t FROM pg_trigger
-     WHERE tgrelid = p.relid AND (just IS NULL OR tgname = just)
-       AND tgfoid IN ('fencecheck.row_trigger()'::regprocedure, 'fencecheck.inserted_trigger()'::regprocedure,
-                      'fencecheck.truncate_trigger()'::regprocedure)
-       AND tgname NOT IN ('zz_fencecheck_row', 'fencecheck_inserted', 'fencecheck_truncate')
-     LIMIT 1;
-    IF FOUND THEN
-        RETURN format('%s: trigger %I runs a fencecheck trigger function but is not one fence_protect made', p.relid, t.tgname);
-    END IF;
-    SELECT tgname INTO t FROM pg_trigger
-     WHERE tgrelid = p.relid AND tgenabled <> 'D'
-       AND (tgtype::int & 3) = 3 AND (tgtype::int & 28) <> 0
-       AND tgname::text COLLATE "C" > 'zz_fencecheck_row'
-     ORDER BY tgname LIMIT 1;
-    IF FOUND THEN
-        RETURN format('%s: BEFORE trigger %I fires after zz_fencecheck_row and could change a row the fence approved: give it a name that sorts before zz_fencecheck_row', p.relid, t.tgname);
-    END IF;
-    RETURN NULL;
-END
-$fn$;
+AS 'MODULE_PATHNAME', 'fencecheck_trigger_trouble'
+LANGUAGE C STABLE;
 
--- Why the fenced table `tbl` is not fenced soundly now, or NULL. The row
--- trigger asks this once per backend and table (again after any change to
--- the table's definition) and refuses every row while it is not NULL.
+-- Why the fenced table `tbl` is not fenced soundly now, or NULL (unfit,
+-- unregistered, or its triggers not intact). The row trigger refuses every
+-- row while it is not NULL.
 CREATE FUNCTION fencecheck.unsound(tbl regclass) RETURNS text
-LANGUAGE plpgsql STABLE
-SET search_path = pg_catalog, pg_temp
-AS $fn$
-DECLARE
-    p fencecheck.protected;
-BEGIN
-    SELECT * INTO p FROM fencecheck.protected WHERE relid = tbl;
-    IF NOT FOUND THEN
-        RETURN format('%s is not fenced by fence_protect', tbl);
-    END IF;
-    RETURN coalesce(fencecheck.unfit(tbl, p.scope_column, p.token_column, p.state_column),
-                    fencecheck.trigger_trouble(p, true));
-END
-$fn$;
+AS 'MODULE_PATHNAME', 'fencecheck_unsound'
+LANGUAGE C STABLE STRICT;
 
 -- fence_protect's work, run as the extension's owner for `caller` (the
 -- role that called fence_protect, passed by the C entry point): only the
@@ -317,7 +190,6 @@ DECLARE
     cmd record;
     rel regclass;
     trig record;
-    p fencecheck.protected;
     reason text;
     ours regprocedure[] := ARRAY['fencecheck.row_trigger()'::regprocedure,
                                  'fencecheck.inserted_trigger()'::regprocedure,
@@ -328,8 +200,7 @@ BEGIN
             SELECT tgrelid, tgfoid, tgname INTO trig FROM pg_trigger WHERE oid = cmd.objid;
             CONTINUE WHEN NOT FOUND;
             rel := trig.tgrelid;
-            SELECT * INTO p FROM fencecheck.protected WHERE relid = rel;
-            IF NOT FOUND THEN
+            IF NOT EXISTS (SELECT 1 FROM fencecheck.protected WHERE relid = rel) THEN
                 IF trig.tgfoid = ANY (ours) THEN
                     RAISE EXCEPTION USING ERRCODE = '5F016',
                         MESSAGE = format('unsound-fence: %s is not fenced by fence_protect: fencecheck''s trigger functions run only on the tables it fenced', rel);
@@ -341,13 +212,13 @@ BEGIN
                 RAISE EXCEPTION USING ERRCODE = '42501',
                     MESSAGE = format('must be owner of table %s to create a trigger on it: it is fenced', rel);
             END IF;
-            reason := fencecheck.trigger_trouble(p, false, trig.tgname);
+            reason := fencecheck.trigger_trouble(rel, false, trig.tgname);
         ELSIF cmd.classid = 'pg_class'::regclass THEN
             -- The table itself, and any table it now inherits from or
             -- passes its rows to.
             SELECT string_agg(r, '; ') INTO reason FROM (
                 SELECT coalesce(fencecheck.unfit(f.relid, f.scope_column, f.token_column, f.state_column),
-                                fencecheck.trigger_trouble(f, false)) AS r
+                                fencecheck.trigger_trouble(f.relid, false)) AS r
                   FROM fencecheck.protected f
                  WHERE f.relid = cmd.objid
                     OR f.relid IN (SELECT inhparent FROM pg_inherits WHERE inhrelid = cmd.objid)
@@ -385,6 +256,10 @@ DECLARE
     d record;
     rel regclass;
 BEGIN
+    -- DROP EXTENSION fencecheck CASCADE drops the registry too.
+    IF to_regclass('fencecheck.protected') IS NULL THEN
+        RETURN;
+    END IF;
     FOR d IN SELECT * FROM pg_event_trigger_dropped_objects() LOOP
         IF d.object_type = 'table' THEN
             PERFORM fencecheck.forget(d.objid);

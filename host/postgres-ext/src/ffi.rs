@@ -17,6 +17,7 @@ use pgrx::pg_sys;
 
 use crate::calls::{self, Args};
 use crate::protect;
+use crate::soundness;
 use crate::sqlstate::{Raise, SqlState};
 use crate::stats::{self, Operation, Outcome};
 
@@ -220,6 +221,53 @@ fn fence_unprotect(fcinfo: pg_sys::FunctionCallInfo) -> Result<Out, Raise> {
     Ok(Out::Null)
 }
 
+/// A `regclass` argument (NULL: `None`).
+fn relid_arg(fcinfo: pg_sys::FunctionCallInfo, n: usize) -> Option<pg_sys::Oid> {
+    // SAFETY: the declaration makes argument `n` regclass.
+    unsafe { pgrx::pg_getarg::<pg_sys::Oid>(fcinfo, n) }
+}
+
+fn reason(reason: Option<String>) -> Out {
+    reason.map_or(Out::Null, |r| datum(r.as_str().into_datum()))
+}
+
+fn unfit(fcinfo: pg_sys::FunctionCallInfo) -> Result<Out, Raise> {
+    // Declared STRICT: no argument is NULL.
+    let Some(relid) = relid_arg(fcinfo, 0) else {
+        return Ok(Out::Null);
+    };
+    let column = |n, what| text_arg(fcinfo, n, what).map(Option::unwrap_or_default);
+    let columns = [
+        column(1, "scope_column")?,
+        column(2, "token_column")?,
+        column(3, "state_column")?,
+    ];
+    Ok(reason(soundness::unfit_of(relid, columns)))
+}
+
+fn trigger_trouble(fcinfo: pg_sys::FunctionCallInfo) -> Result<Out, Raise> {
+    let Some(relid) = relid_arg(fcinfo, 0) else {
+        return Ok(Out::Null);
+    };
+    // SAFETY: declared (regclass, boolean, name); the name may be NULL.
+    let complete = unsafe { pgrx::pg_getarg::<bool>(fcinfo, 1) }.unwrap_or(true);
+    // A `name` datum points at its NUL-terminated NameData.
+    let just = unsafe { pgrx::pg_getarg::<&std::ffi::CStr>(fcinfo, 2) }
+        .map(|n| n.to_string_lossy().into_owned());
+    Ok(reason(soundness::trigger_trouble_of(
+        relid,
+        complete,
+        just.as_deref(),
+    )?))
+}
+
+fn unsound(fcinfo: pg_sys::FunctionCallInfo) -> Result<Out, Raise> {
+    let Some(relid) = relid_arg(fcinfo, 0) else {
+        return Ok(Out::Null);
+    };
+    Ok(reason(soundness::unsound(relid)?))
+}
+
 fn decision_counts(_fcinfo: pg_sys::FunctionCallInfo) -> Result<Out, Raise> {
     Ok(datum(stats::counts().into_datum()))
 }
@@ -271,4 +319,7 @@ entry_points! {
     fencecheck_fence_unprotect, pg_finfo_fencecheck_fence_unprotect => fence_unprotect;
     fencecheck_decision_counts, pg_finfo_fencecheck_decision_counts => decision_counts;
     fencecheck_decision_coverage, pg_finfo_fencecheck_decision_coverage => decision_coverage;
+    fencecheck_unfit, pg_finfo_fencecheck_unfit => unfit;
+    fencecheck_trigger_trouble, pg_finfo_fencecheck_trigger_trouble => trigger_trouble;
+    fencecheck_unsound, pg_finfo_fencecheck_unsound => unsound;
 }

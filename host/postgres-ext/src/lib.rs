@@ -39,6 +39,7 @@ mod ffi;
 mod protect;
 mod registry;
 mod settings;
+mod soundness;
 mod sqlstate;
 mod stats;
 

@@ -42,10 +42,7 @@ use crate::sqlstate::{Raise, SqlState};
 use crate::stats::{self, Operation};
 use fencecheck::{Decision, TokenText};
 
-/// The row trigger's name: BEFORE triggers fire in name order, and this one
-/// must be the last to see NEW (the DDL guard refuses one that sorts after).
-const ROW_TRIGGER: &str = "zz_fencecheck_row";
-const INSERTED_TRIGGER: &str = "fencecheck_inserted";
+use crate::soundness::{INSERTED_TRIGGER, ROW_TRIGGER};
 
 fn required(detail: impl std::fmt::Display) -> Raise {
     Raise::new(SqlState::FenceRequired, detail)
@@ -282,7 +279,7 @@ unsafe fn row_write(f: &Firing<'_>, operation: Operation) -> Result<pg_sys::Datu
             })?;
             let scope_text = calls::text("scope", scope)?;
             let mark = take_mark(fenced.owner, f.relid, scope_text)?;
-            let keys = registry::scope_keys(fenced.owner, scope_text)?;
+            let keys = registry::scope_keys(scope_text)?;
             let (state, unsigned) = decide(mark.as_deref(), scope, token, keys.as_deref())?;
             // SAFETY: as above.
             unsafe { with_state(new, desc, fenced, &state, unsigned.as_deref()) }
@@ -322,7 +319,7 @@ unsafe fn row_write(f: &Firing<'_>, operation: Operation) -> Result<pg_sys::Datu
                     f.token_name
                 ))
             })?;
-            let keys = registry::scope_keys(fenced.owner, calls::text("scope", old_scope)?)?;
+            let keys = registry::scope_keys(calls::text("scope", old_scope)?)?;
             let (state, unsigned) = decide(old_state, old_scope, token, keys.as_deref())?;
             // SAFETY: as above.
             unsafe { with_state(new, desc, fenced, &state, unsigned.as_deref()) }
@@ -350,7 +347,7 @@ unsafe fn row_write(f: &Firing<'_>, operation: Operation) -> Result<pg_sys::Datu
                 }
             };
             let scope_text = calls::text("scope", scope)?;
-            let keys = registry::scope_keys(fenced.owner, scope_text)?;
+            let keys = registry::scope_keys(scope_text)?;
             let (state, _) = decide(state, scope, token, keys.as_deref())?;
             keep_mark(fenced.owner, f.relid, scope_text, &state)?;
             Ok(pg_sys::Datum::from(old))
@@ -394,7 +391,7 @@ pub(crate) fn fence_protect(
     // SAFETY: the current user, as PostgreSQL's own permission checks read it.
     let caller = unsafe { pg_sys::GetUserId() };
     let [scope, token, state] = columns;
-    refusal(as_owner(registry::extension_owner()?, |client| {
+    refusal(as_owner(crate::soundness::extension_owner()?, |client| {
         client
             .update(
                 "SELECT fencecheck.protect($1::pg_catalog.oid::pg_catalog.regclass, $2, $3, $4, $5, $6)",
@@ -433,7 +430,7 @@ fn refusal(answer: Option<String>) -> Result<(), Raise> {
 pub(crate) fn fence_unprotect(tbl: Option<pg_sys::Oid>) -> Result<(), Raise> {
     // SAFETY: as in fence_protect.
     let caller = unsafe { pg_sys::GetUserId() };
-    refusal(as_owner(registry::extension_owner()?, |client| {
+    refusal(as_owner(crate::soundness::extension_owner()?, |client| {
         client
             .update(
                 "SELECT fencecheck.unprotect($1::pg_catalog.oid::pg_catalog.regclass, $2)",

@@ -23,6 +23,8 @@ use std::ffi::{CString, c_int};
 use pgrx::pg_sys;
 use pgrx::spi::{Spi, SpiClient};
 
+use crate::soundness;
+
 use crate::sqlstate::{Raise, SqlState};
 use fencecheck::GrantKey;
 
@@ -90,10 +92,6 @@ pub(crate) fn unsound(detail: impl std::fmt::Display) -> Raise {
     Raise::new(SqlState::UnsoundFence, detail).with_hint(
         "the table's fencing changed behind fence_protect: its owner can fence_protect it again",
     )
-}
-
-fn spi_error(e: impl std::fmt::Display) -> Raise {
-    Raise::new(SqlState::RuntimeError, e)
 }
 
 /// One signing key of `fencecheck.keys`.
@@ -185,45 +183,13 @@ pub(crate) unsafe fn fenced(
     }
     let generation = GENERATION.with(Cell::get);
     FILLING.with(|f| f.set(relid));
-    let checked = Spi::connect(|client| {
-        // The library may be newer than the extension's SQL objects (a new
-        // package installed, ALTER EXTENSION UPDATE not yet run): then
-        // there is no registry to trust, and every row is refused.
-        let current = client
-            .select(
-                "SELECT pg_catalog.to_regprocedure('fencecheck.unsound(pg_catalog.regclass)') IS NOT NULL",
-                Some(1),
-                &[],
-            )?
-            .first()
-            .get_one::<bool>()?;
-        if current != Some(true) {
-            return Ok((
-                Some(
-                    "the extension's SQL objects are older than its library: \
-                     run ALTER EXTENSION fencecheck UPDATE"
-                        .to_string(),
-                ),
-                None,
-            ));
-        }
-        let row = client
-            .select(
-                "SELECT fencecheck.unsound($1::pg_catalog.oid::pg_catalog.regclass), \
-                        (SELECT nspowner FROM pg_catalog.pg_namespace \
-                          WHERE nspname OPERATOR(pg_catalog.=) 'fencecheck')",
-                Some(1),
-                &[relid.into()],
-            )?
-            .first();
-        Ok::<_, pgrx::spi::Error>((row.get::<String>(1)?, row.get::<pg_sys::Oid>(2)?))
-    });
+    let checked =
+        soundness::unsound(relid).and_then(|reason| Ok((reason, soundness::extension_owner()?)));
     FILLING.with(|f| f.set(pg_sys::Oid::INVALID));
-    let (reason, owner) = checked.map_err(spi_error)?;
+    let (reason, owner) = checked?;
     if let Some(reason) = reason {
         return Err(unsound(reason));
     }
-    let owner = owner.ok_or_else(|| spi_error("schema fencecheck is missing"))?;
     let [scope, token, state, policy] = args else {
         return Err(unsound("the trigger does not take 4 arguments"));
     };
@@ -281,22 +247,12 @@ pub(crate) fn as_owner<T>(
     })
 }
 
-/// The extension's owner (the owner of schema `fencecheck`).
-pub(crate) fn extension_owner() -> Result<pg_sys::Oid, Raise> {
-    Spi::get_one::<pg_sys::Oid>(
-        "SELECT nspowner FROM pg_catalog.pg_namespace \
-          WHERE nspname OPERATOR(pg_catalog.=) 'fencecheck'",
-    )
-    .map_err(spi_error)?
-    .ok_or_else(|| spi_error("schema fencecheck is missing"))
-}
-
 /// The keys `scope` requires signed tokens with: those of the longest
 /// `fencecheck.keys` prefix that starts it (as `host/postgres/keys.sql` and
 /// `host/sqlite/keys.sql` choose), `None` if no prefix does. From this
-/// backend's copy of the table, loaded as the extension's owner: writers
+/// backend's copy of the table, read by the extension itself: writers
 /// never see a secret.
-pub(crate) fn scope_keys(owner: pg_sys::Oid, scope: &str) -> Result<Option<Vec<GrantKey>>, Raise> {
+pub(crate) fn scope_keys(scope: &str) -> Result<Option<Vec<GrantKey>>, Raise> {
     prepare();
     let pick = |keys: &[StoredKey]| {
         let longest = keys
@@ -315,7 +271,8 @@ pub(crate) fn scope_keys(owner: pg_sys::Oid, scope: &str) -> Result<Option<Vec<G
         return Ok(found);
     }
     let generation = GENERATION.with(Cell::get);
-    let (relid, loaded) = load_keys(owner)?;
+    let (relid, mut loaded) = load_keys()?;
+    loaded.sort_by_key(|k| k.key.key_id);
     KEYS_RELID.with(|r| r.set(relid));
     let found = pick(&loaded);
     if GENERATION.with(Cell::get) == generation {
@@ -324,43 +281,33 @@ pub(crate) fn scope_keys(owner: pg_sys::Oid, scope: &str) -> Result<Option<Vec<G
     Ok(found)
 }
 
-/// `fencecheck.keys`'s relation and rows, ordered by key id.
-fn load_keys(owner: pg_sys::Oid) -> Result<(pg_sys::Oid, Vec<StoredKey>), Raise> {
-    as_owner(owner, |client| {
-        let table = client
-            .select(
-                "SELECT r.oid, k.scope_prefix, k.key_id, k.secret \
-                   FROM (SELECT 'fencecheck.keys'::pg_catalog.regclass::pg_catalog.oid) AS r(oid) \
-                   LEFT JOIN fencecheck.keys k ON true \
-                  ORDER BY k.scope_prefix, k.key_id",
-                None,
-                &[],
-            )
-            .map_err(spi_error)?;
-        let mut relid = pg_sys::Oid::INVALID;
-        let mut keys = Vec::new();
-        for row in table {
-            relid = row
-                .get::<pg_sys::Oid>(1)
-                .map_err(spi_error)?
-                .unwrap_or(relid);
-            let prefix = row.get::<String>(2).map_err(spi_error)?;
-            let id = row.get::<i64>(3).map_err(spi_error)?;
-            let secret = row.get::<Vec<u8>>(4).map_err(spi_error)?;
-            let (Some(prefix), Some(id), Some(secret)) = (prefix, id, secret) else {
-                continue; // the LEFT JOIN's row when the table is empty
+/// `fencecheck.keys`'s relation and rows, read through the C API (the
+/// extension's own table: no privilege applies, and no SQL runs).
+fn load_keys() -> Result<(pg_sys::Oid, Vec<StoredKey>), Raise> {
+    // SAFETY: the keys table's columns are (scope_prefix text, key_id
+    // int8, secret bytea), all NOT NULL.
+    unsafe {
+        soundness::scan_own(c"keys", |tuple, desc| {
+            let (Some(prefix), Some(id), Some(secret)) = (
+                soundness::column::<String>(tuple, desc, 1),
+                soundness::column::<i64>(tuple, desc, 2),
+                soundness::column::<Vec<u8>>(tuple, desc, 3),
+            ) else {
+                return Err(Raise::new(
+                    SqlState::InvalidKeys,
+                    "fencecheck.keys holds a NULL",
+                ));
             };
             let key_id = u32::try_from(id).map_err(|_| {
                 Raise::new(
-                    SqlState::InvalidArgument,
+                    SqlState::InvalidKeys,
                     format!("fencecheck.keys: key id {id} is not a u32"),
                 )
             })?;
-            keys.push(StoredKey {
+            Ok(Some(StoredKey {
                 prefix,
                 key: GrantKey { key_id, secret },
-            });
-        }
-        Ok((relid, keys))
-    })
+            }))
+        })
+    }
 }

@@ -35,6 +35,14 @@ impl Presented {
             Presented::ExpectedVersion => c"fencecheck.expected_version",
         }
     }
+
+    fn setting(self) -> &'static GucSetting<Option<CString>> {
+        match self {
+            Presented::Token => &TOKEN,
+            Presented::OpId => &OP_ID,
+            Presented::ExpectedVersion => &EXPECTED_VERSION,
+        }
+    }
 }
 
 /// A presented setting's value.
@@ -239,10 +247,12 @@ pub(crate) fn define() {
 
 /// The value of `which` as a write in this transaction presents it.
 pub(crate) fn presented(which: Presented) -> Value {
-    // SAFETY: missing_ok = true returns NULL for a setting never made; the
-    // string lives in GUC memory until the setting changes, which cannot
-    // happen while a trigger or function of this extension runs.
-    let value = unsafe { pg_sys::GetConfigOption(which.name().as_ptr(), true, false) };
+    // The setting's own variable, which PostgreSQL keeps current (defined
+    // in _PG_init, before any trigger of this library can run): no lookup
+    // by name on the row trigger's path. SAFETY: NULL or a string in GUC
+    // memory that lives until the setting changes, which cannot happen
+    // while a trigger or function of this extension runs.
+    let value = unsafe { *which.setting().as_ptr() };
     if value.is_null() {
         return Value::Absent;
     }

@@ -304,3 +304,27 @@ fn an_owner_who_is_not_a_superuser_fences_its_own_table() -> Result<()> {
     ensure!(body(&mut db)? == b9());
     Ok(())
 }
+
+/// `DROP EXTENSION fencecheck CASCADE` with fenced tables in place drops
+/// their triggers with it (the tables stay, unfenced, as the operator
+/// asked); a temporary table cannot be fenced (its marks would end with
+/// the session).
+#[test]
+fn drop_extension_cascade_and_temporary_tables() -> Result<()> {
+    let (_server, mut db, mut w) = docs()?;
+    let temp = w.batch_execute(
+        "CREATE TEMP TABLE scratch (scope text PRIMARY KEY, token text, st bytea);
+         SELECT fence_protect('scratch', 'scope', 'token', 'st');",
+    );
+    ensure!(sqlstate(&temp).as_deref() == Some("5F012"), "{temp:?}");
+    db.batch_execute("DROP EXTENSION fencecheck CASCADE")?;
+    let triggers: i64 = db
+        .query_one(
+            "SELECT count(*) FROM pg_trigger WHERE tgrelid = 'docs'::regclass",
+            &[],
+        )?
+        .get(0);
+    ensure!(triggers == 0, "{triggers} triggers left");
+    ensure!(w.execute("UPDATE docs SET body = 'free'", &[])? == 1);
+    Ok(())
+}
