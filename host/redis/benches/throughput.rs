@@ -1,0 +1,174 @@
+//! Throughput and latency of FENCE.SET beside a plain SET and beside the
+//! Lua compare-and-set script Redis lock users are told to write, on one
+//! loopback server started here (Redis 7.0 and Valkey 8), 50 clients, each
+//! on its own key with strictly increasing tokens (every write applies),
+//! without pipelining and with 16 commands in flight per client.
+//!
+//! `cargo bench -p fencecheck-redis --bench throughput` (BENCHMARKS.md has
+//! the numbers). Bounded: a fixed number of writes per client and run.
+
+#[path = "../tests/common/mod.rs"]
+#[allow(dead_code, missing_docs)]
+mod common;
+
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, ensure};
+use common::{Conn, Kind, Options, Server, Value};
+
+const CLIENTS: usize = 50;
+const ROUNDS: usize = 3;
+
+/// The seed's compare-and-set in EVAL: the fence is an integer key next to
+/// the data; a lower or equal token is refused, else both are written.
+const LUA: &str = "local highest = tonumber(redis.call('GET', KEYS[2]) or '0') \
+local token = tonumber(ARGV[1]) \
+if token <= highest then return redis.error_reply('STALEFENCE') end \
+redis.call('SET', KEYS[2], ARGV[1]) \
+redis.call('SET', KEYS[1], ARGV[2]) \
+return 1";
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Workload {
+    Set,
+    Lua,
+    Fence,
+}
+
+fn command(w: Workload, client: usize, n: usize, sha: &str, round: usize) -> Vec<String> {
+    let key = format!("bench:{round}:{client}");
+    let value = format!("value-{n}-padded-to-a-typical-pointer-size");
+    match w {
+        Workload::Set => vec!["SET".into(), key, value],
+        Workload::Lua => vec![
+            "EVALSHA".into(),
+            sha.into(),
+            "2".into(),
+            key.clone(),
+            format!("{key}:fence"),
+            (n + 1).to_string(),
+            value,
+        ],
+        Workload::Fence => vec!["FENCE.SET".into(), key, format!("0.{}", n + 1), value],
+    }
+}
+
+struct Run {
+    ops_per_sec: f64,
+    p50_us: f64,
+    p99_us: f64,
+}
+
+fn run(
+    port: u16,
+    w: Workload,
+    per_client: usize,
+    depth: usize,
+    sha: &str,
+    round: usize,
+) -> Result<Run> {
+    let start = Arc::new(Barrier::new(CLIENTS + 1));
+    let handles: Vec<_> = (0..CLIENTS)
+        .map(|client| {
+            let start = Arc::clone(&start);
+            let sha = sha.to_string();
+            std::thread::spawn(move || -> Result<Vec<Duration>> {
+                let mut c = Conn::connect(port)?;
+                let mut latencies = Vec::with_capacity(per_client);
+                start.wait();
+                let mut n = 0;
+                while n < per_client {
+                    let batch = depth.min(per_client - n);
+                    let sent = Instant::now();
+                    for i in 0..batch {
+                        c.send(&command(w, client, n + i, &sha, round))?;
+                    }
+                    for _ in 0..batch {
+                        let reply = c.read()?;
+                        ensure!(!matches!(reply, Value::Error(_)), "{w:?}: {reply:?}");
+                        latencies.push(sent.elapsed());
+                    }
+                    n += batch;
+                }
+                Ok(latencies)
+            })
+        })
+        .collect();
+    start.wait();
+    let began = Instant::now();
+    let mut all = Vec::with_capacity(CLIENTS * per_client);
+    for h in handles {
+        all.extend(h.join().map_err(|_| anyhow::anyhow!("client panicked"))??);
+    }
+    let elapsed = began.elapsed();
+    all.sort();
+    let pct =
+        |p: f64| all[((all.len() as f64 * p) as usize).min(all.len() - 1)].as_secs_f64() * 1e6;
+    Ok(Run {
+        ops_per_sec: all.len() as f64 / elapsed.as_secs_f64(),
+        p50_us: pct(0.50),
+        p99_us: pct(0.99),
+    })
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+fn main() -> Result<()> {
+    // `cargo bench` passes --bench; `cargo test --benches` would pass
+    // nothing useful either: this is a measurement, run it on purpose.
+    let quick = std::env::args().any(|a| a == "--quick");
+    for kind in [Kind::Redis, Kind::Valkey] {
+        let server = Server::start(kind, Options::module())?;
+        let mut c = server.conn()?;
+        let sha = c.ok(&["SCRIPT", "LOAD", LUA])?.text().context("sha")?;
+        println!("{kind:?}: {CLIENTS} clients, loopback, medians of {ROUNDS} runs");
+        println!(
+            "{:<10} {:>5} {:>12} {:>9} {:>9}",
+            "workload", "depth", "ops/s", "p50 us", "p99 us"
+        );
+        for depth in [1usize, 16] {
+            let per_client = if quick {
+                200
+            } else if depth == 1 {
+                2_000
+            } else {
+                10_000
+            };
+            let mut results = Vec::new();
+            for w in [Workload::Set, Workload::Lua, Workload::Fence] {
+                let mut ops = Vec::new();
+                let mut p50 = Vec::new();
+                let mut p99 = Vec::new();
+                for round in 0..ROUNDS {
+                    let r = run(server.port, w, per_client, depth, &sha, round)?;
+                    ops.push(r.ops_per_sec);
+                    p50.push(r.p50_us);
+                    p99.push(r.p99_us);
+                }
+                c.ok(&["FLUSHALL"])?;
+                let (ops, p50, p99) = (median(ops), median(p50), median(p99));
+                println!(
+                    "{:<10} {depth:>5} {ops:>12.0} {p50:>9.0} {p99:>9.0}",
+                    format!("{w:?}")
+                );
+                results.push((w, ops));
+            }
+            let get = |w| {
+                results
+                    .iter()
+                    .find(|(x, _)| *x == w)
+                    .map_or(f64::NAN, |(_, o)| *o)
+            };
+            println!(
+                "depth {depth}: FENCE.SET / SET = {:.2}x, FENCE.SET / Lua CAS = {:.2}x",
+                get(Workload::Fence) / get(Workload::Set),
+                get(Workload::Fence) / get(Workload::Lua)
+            );
+        }
+    }
+    Ok(())
+}

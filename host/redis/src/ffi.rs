@@ -1,0 +1,89 @@
+//! The few module API calls the `redis-module` crate does not wrap.
+#![allow(unsafe_code)] // calls into the Redis module API; each block states its invariant
+
+use std::os::raw::c_int;
+
+use redis_module::{Context, RedisString, raw};
+
+/// The argument positions (into `argv`, `argv[0]` being the command name)
+/// that the command `argv` names as keys, as Redis's own key specs find
+/// them (`RM_GetCommandKeys`, Redis 7.0+). An unknown command or wrong
+/// arity is an error.
+pub fn command_keys(ctx: &Context, argv: &[RedisString]) -> Result<Vec<usize>, String> {
+    let get = unsafe {
+        // SAFETY: function pointers filled in once by RedisModule_Init,
+        // before any command runs; read by value.
+        raw::RedisModule_GetCommandKeys
+    }
+    .ok_or("this server has no RM_GetCommandKeys (Redis 7.0 or later is needed)")?;
+    let free = unsafe {
+        // SAFETY: as above.
+        raw::RedisModule_Free
+    }
+    .ok_or("this server has no RM_Free")?;
+    let mut ptrs: Vec<*mut raw::RedisModuleString> = argv.iter().map(|s| s.inner).collect();
+    let argc = c_int::try_from(ptrs.len()).map_err(|_| "too many arguments")?;
+    let mut count: c_int = 0;
+    let positions = unsafe {
+        // SAFETY: `ptrs` holds `argc` live RedisModuleStrings owned by the
+        // calling command's argv; Redis only reads them. `count` is written.
+        get(ctx.get_raw(), ptrs.as_mut_ptr(), argc, &mut count)
+    };
+    if positions.is_null() {
+        // NULL: the command is unknown, its arity wrong, or it has no keys.
+        let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+        return match errno {
+            0 => Ok(Vec::new()),
+            e if e == libc_enoent() => Err("unknown command".into()),
+            _ => Err("wrong number of arguments for the command".into()),
+        };
+    }
+    let n = usize::try_from(count).unwrap_or(0);
+    let found = unsafe {
+        // SAFETY: Redis returned an array of `count` ints it allocated with
+        // RM_Alloc; copied out, then freed once.
+        let out = std::slice::from_raw_parts(positions, n)
+            .iter()
+            .filter_map(|&p| usize::try_from(p).ok())
+            .collect();
+        free(positions.cast());
+        out
+    };
+    Ok(found)
+}
+
+const fn libc_enoent() -> i32 {
+    2
+}
+
+/// The server's Unix time in milliseconds.
+pub fn milliseconds() -> i64 {
+    match unsafe {
+        // SAFETY: filled in by RedisModule_Init; read by value.
+        raw::RedisModule_Milliseconds
+    } {
+        Some(f) => unsafe {
+            // SAFETY: takes no arguments, reads the server clock.
+            f()
+        },
+        None => 0,
+    }
+}
+
+/// A random non-zero u64 from the server's generator (a new lineage id).
+pub fn random_nonzero_u64() -> u64 {
+    let mut bytes = [0u8; 8];
+    if let Some(f) = unsafe {
+        // SAFETY: filled in by RedisModule_Init; read by value.
+        raw::RedisModule_GetRandomBytes
+    } {
+        unsafe {
+            // SAFETY: writes exactly `len` bytes into `bytes`.
+            f(bytes.as_mut_ptr(), bytes.len());
+        }
+    }
+    match u64::from_le_bytes(bytes) {
+        0 => milliseconds().unsigned_abs() | 1,
+        v => v,
+    }
+}
