@@ -30,7 +30,10 @@ static INSTANCE: Mutex<Option<Instance>> = Mutex::new(None);
 /// conformance vectors only; never load it in production.
 static TEST_CLOCK: AtomicBool = AtomicBool::new(false);
 /// `COMMAND INFO` verdicts for FENCE.EXEC, by lower-case `name` or `name|sub`.
-static ALLOWED: Mutex<Option<HashMap<Vec<u8>, Result<(), String>>>> = Mutex::new(None);
+static ALLOWED: Mutex<Option<Verdicts>> = Mutex::new(None);
+
+/// Whether FENCE.EXEC may run a command, or the error line saying why not.
+type Verdicts = HashMap<Vec<u8>, Result<(), String>>;
 
 type Handler = fn(&Context, &[RedisString]) -> Result<RedisValue, Refusal>;
 
@@ -612,7 +615,7 @@ fn fence_acquire(ctx: &Context, args: &[RedisString]) -> Result<RedisValue, Refu
     let lock = rules::text("lock", a[1])?;
     let lease_id = rules::text("lease-id", a[2])?;
     let ttl = rules::number("ttl-ms", a[3])?;
-    let (_, more) = options_only(&a[4..], &["NOW"])?;
+    let more = options_only(&a[4..], &["NOW"])?;
     let now = now(&more)?;
     let (authority, new_lineage) = match read_u64(ctx, keys::LINEAGE_KEY)? {
         Some(id) => (id, false),
@@ -676,17 +679,14 @@ fn fence_acquire(ctx: &Context, args: &[RedisString]) -> Result<RedisValue, Refu
     }
 }
 
-fn options_only<'a>(
-    args: &[&'a [u8]],
-    extra: &[&str],
-) -> Result<(rules::Options, Vec<(String, &'a [u8])>), Refusal> {
+fn options_only<'a>(args: &[&'a [u8]], extra: &[&str]) -> Result<rules::Extra<'a>, Refusal> {
     let (opts, more) = rules::options(args, extra)?;
     if opts != rules::Options::default() {
         return Err(Refusal::syntax(
             "POLICY, OPID and VERSION are for fenced writes",
         ));
     }
-    Ok((opts, more))
+    Ok(more)
 }
 
 /// The token of a lease command: the lineage's authority if the text has
@@ -706,7 +706,7 @@ fn fence_renew(ctx: &Context, args: &[RedisString]) -> Result<RedisValue, Refusa
         now: 0,
         ttl: rules::number("ttl-ms", a[4])?,
     };
-    let (_, more) = options_only(&a[5..], &["NOW"])?;
+    let more = options_only(&a[5..], &["NOW"])?;
     let request = RenewRequest {
         now: now(&more)?,
         ..request

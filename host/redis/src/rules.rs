@@ -66,12 +66,12 @@ pub struct Options {
     pub expected_version: Option<u64>,
 }
 
+/// Options a command accepts besides the fence's (`NOW`), with their values.
+pub type Extra<'a> = Vec<(String, &'a [u8])>;
+
 /// Parse option pairs; `extra` names more options the caller accepts
 /// (returned in order, with their value) or is empty.
-pub fn options<'a>(
-    args: &[&'a [u8]],
-    extra: &[&str],
-) -> Result<(Options, Vec<(String, &'a [u8])>), Refusal> {
+pub fn options<'a>(args: &[&'a [u8]], extra: &[&str]) -> Result<(Options, Extra<'a>), Refusal> {
     let mut opts = Options::default();
     let mut more = Vec::new();
     let mut it = args.iter();
@@ -370,10 +370,8 @@ mod tests {
     trait OrDefault<T> {
         fn unwrap_or_default_for_test(self) -> T;
     }
-    impl<'a> OrDefault<(Options, Vec<(String, &'a [u8])>)>
-        for Result<(Options, Vec<(String, &'a [u8])>), Refusal>
-    {
-        fn unwrap_or_default_for_test(self) -> (Options, Vec<(String, &'a [u8])>) {
+    impl<'a> OrDefault<(Options, Extra<'a>)> for Result<(Options, Extra<'a>), Refusal> {
+        fn unwrap_or_default_for_test(self) -> (Options, Extra<'a>) {
             match self {
                 Ok(v) => v,
                 Err(e) => panic!("{e:?}"),

@@ -197,8 +197,14 @@ impl Server {
                     last = Some(format!("exited with {status}: {}", self.log_tail()));
                     break;
                 }
+                // Up: PONG, or NOAUTH from a server with a password.
+                let up = |v: &Value| match v {
+                    Value::Simple(s) => s == "PONG",
+                    Value::Error(e) => e.starts_with("NOAUTH"),
+                    _ => false,
+                };
                 if let Ok(mut c) = Conn::connect(port)
-                    && matches!(c.cmd(&["PING"]), Ok(Value::Simple(ref s)) if s == "PONG")
+                    && c.cmd(&["PING"]).is_ok_and(|v| up(&v))
                 {
                     self.port = port;
                     self.child = Some(child);

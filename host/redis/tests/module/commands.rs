@@ -3,10 +3,8 @@
 //! MULTI and scripts, and random garbage that must neither crash the server
 //! nor change a key.
 
-mod common;
-
+use crate::common::{Conn, Options, Value, applied, each_server};
 use anyhow::{Result, ensure};
-use common::{Conn, Options, Value, applied, each_server};
 
 fn err(v: &Value) -> String {
     v.error().unwrap_or("<no error>").to_string()

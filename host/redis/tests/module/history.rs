@@ -4,17 +4,15 @@
 //! list is written in the same atomic step as the state, and entry i is
 //! version i + 1.
 
-mod common;
-
-#[path = "../../../tests/support/history.rs"]
+#[path = "../../../../tests/support/history.rs"]
 #[allow(dead_code, missing_docs)]
 mod history;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Barrier};
 
+use crate::common::{Conn, KINDS, Options, Server, Value};
 use anyhow::{Context, Result, bail, ensure};
-use common::{Conn, KINDS, Options, Server, Value};
 use fencecheck::{Token, TokenText};
 use history::{Attempt, Audited, Kept, Rng, Seen};
 

@@ -8,10 +8,8 @@
 //! the per-lock `restore` export (the module restores with a
 //! coordinator-wide floor instead) run on the embedded component directly.
 
-mod common;
-
+use crate::common::{Conn, KINDS, Options, Server, Value};
 use anyhow::{Context, Result, ensure};
-use common::{Conn, KINDS, Options, Server, Value};
 use fencecheck::{
     Acquire, AcquireRequest, AuthFailure, CheckError, Checker, Corruption, Decision, Error,
     GrantKey, GrantSignature, Instance, InvalidReason, KeyProblem, LeaseError, LeaseInfo,
@@ -450,7 +448,7 @@ impl Checker for Module {
 /// Valkey, as it does through the CLI, Python and Node runners.
 #[test]
 fn every_vector_passes_through_the_module() -> Result<()> {
-    let mut files: Vec<_> = std::fs::read_dir(common::vectors_dir())?
+    let mut files: Vec<_> = std::fs::read_dir(crate::common::vectors_dir())?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|x| x == "json"))
         .collect();

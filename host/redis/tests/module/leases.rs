@@ -4,10 +4,8 @@
 //! accepted) and the runbook that fixes it (FENCE.RESTORE before the first
 //! grant; WAIT to learn whether a grant reached a replica).
 
-mod common;
-
+use crate::common::{Conn, KINDS, Options, Server, Value, applied, each_server};
 use anyhow::{Context, Result, ensure};
-use common::{Conn, KINDS, Options, Server, Value, applied, each_server};
 
 fn grant(c: &mut Conn, lock: &str, lease: &str, ttl: &str, now: &str) -> Result<Value> {
     c.ok(&["FENCE.ACQUIRE", lock, lease, ttl, "NOW", now])
@@ -144,7 +142,7 @@ fn production_servers_use_their_own_clock() -> Result<()> {
 /// cut reaches a resource; the primary dies; the replica is
 /// promoted and grants again. Returns the lost grant's token and the
 /// promoted replica's first token, and whether the resource accepted it.
-fn failover(kind: common::Kind, restore_first: bool) -> Result<(String, String, bool)> {
+fn failover(kind: crate::common::Kind, restore_first: bool) -> Result<(String, String, bool)> {
     let primary = Server::start(kind, Options::module())?;
     let replica = Server::start(kind, Options::module())?;
     let resource = Server::start(kind, Options::module())?;

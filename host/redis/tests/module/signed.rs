@@ -4,10 +4,8 @@
 //! cannot present a forged or unsigned one, and cannot read or change the
 //! keys or the marks.
 
-mod common;
-
+use crate::common::{Conn, Options, Value, applied, each_server};
 use anyhow::{Context, Result, ensure};
-use common::{Conn, Options, Value, applied, each_server};
 
 const SECRET: &str = "3:8a1f0c5e9d7b3a2c4e6f8091a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d5";
 

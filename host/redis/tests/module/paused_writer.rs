@@ -3,13 +3,11 @@
 //! through clients nobody here wrote: redis-cli / valkey-cli against a
 //! golden transcript, redis-py and ioredis against the same expected lines.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
+use crate::common::{KINDS, Options, Server};
 use anyhow::{Context, Result, ensure};
-use common::{KINDS, Options, Server};
 
 fn clients_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients")

@@ -3,13 +3,11 @@
 //! and the state bytes exactly, and the module, loaded again, keeps
 //! refusing the old tokens.
 
-mod common;
-
+use crate::common::{KINDS, Options, Server, Value, applied};
 use anyhow::{Context, Result, ensure};
-use common::{KINDS, Options, Server, Value, applied};
 
 /// What a restart must keep: data, state and lease bytes.
-fn kept(c: &mut common::Conn) -> Result<Vec<Value>> {
+fn kept(c: &mut crate::common::Conn) -> Result<Vec<Value>> {
     let mut out = Vec::new();
     for key in [
         "report/july",
@@ -23,7 +21,7 @@ fn kept(c: &mut common::Conn) -> Result<Vec<Value>> {
     Ok(out)
 }
 
-fn write_some(c: &mut common::Conn) -> Result<String> {
+fn write_some(c: &mut crate::common::Conn) -> Result<String> {
     let grant = c.ok(&["FENCE.ACQUIRE", "report/july", "b9", "600000"])?;
     let token = grant
         .items()
@@ -44,7 +42,7 @@ fn write_some(c: &mut common::Conn) -> Result<String> {
     Ok(token)
 }
 
-fn after_restart(c: &mut common::Conn, token: &str, before: &[Value]) -> Result<()> {
+fn after_restart(c: &mut crate::common::Conn, token: &str, before: &[Value]) -> Result<()> {
     ensure!(kept(c)? == before, "the restart lost or changed a key");
     let stale = c.cmd(&["FENCE.SET", "report/july", token, "again"])?;
     ensure!(
