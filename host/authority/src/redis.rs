@@ -57,11 +57,10 @@ impl Conn {
             reader,
             writer: stream,
         };
-        if let Some((user, password)) = auth {
-            match conn.call(&["AUTH", user, password])? {
-                Reply::Error(e) => return Err(AuthorityError::AuthenticationFailed(e)),
-                _ => {}
-            }
+        if let Some((user, password)) = auth
+            && let Reply::Error(e) = conn.call(&["AUTH", user, password])?
+        {
+            return Err(AuthorityError::AuthenticationFailed(e));
         }
         Ok(conn)
     }

@@ -7,7 +7,7 @@
 mod common;
 
 #[path = "../../redis/tests/common/mod.rs"]
-#[allow(dead_code, missing_docs)]
+#[allow(missing_docs)]
 mod server;
 
 use anyhow::{Context, Result, bail, ensure};

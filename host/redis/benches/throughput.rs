@@ -8,7 +8,7 @@
 //! the numbers). Bounded: a fixed number of writes per client and run.
 
 #[path = "../tests/common/mod.rs"]
-#[allow(dead_code, missing_docs)]
+#[allow(missing_docs)]
 mod common;
 
 use std::sync::{Arc, Barrier};

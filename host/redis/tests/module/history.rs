@@ -6,15 +6,15 @@
 
 #[path = "../../../../tests/support/history.rs"]
 #[allow(dead_code, missing_docs)]
-mod history;
+mod checker;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Barrier};
 
 use crate::common::{Conn, KINDS, Options, Server, Value};
 use anyhow::{Context, Result, bail, ensure};
+use checker::{Attempt, Audited, Kept, Rng, Seen};
 use fencecheck::{Token, TokenText};
-use history::{Attempt, Audited, Kept, Rng, Seen};
 
 const CLIENTS: usize = 8;
 const WRITES: usize = 150;
@@ -22,7 +22,7 @@ const SCOPES: [&str; 3] = ["{h1}", "{h2}", "{h3}"];
 
 fn client(port: u16, id: usize, start: &Barrier) -> Result<Vec<Attempt>> {
     let mut c = Conn::connect(port)?;
-    let mut rng = Rng(0x2545_F491_4F6C_DD1D ^ (id as u64 + 1) * 0x9E37_79B9);
+    let mut rng = Rng(0x2545_F491_4F6C_DD1D ^ ((id as u64 + 1) * 0x9E37_79B9));
     let mut out = Vec::new();
     start.wait();
     for n in 0..WRITES {
@@ -138,7 +138,7 @@ fn concurrent_clients_keep_a_valid_history() -> Result<()> {
             }
             kept.audit.insert(scope.to_string(), log);
         }
-        let summary = history::check(&attempts, &kept).with_context(|| format!("{kind:?}"))?;
+        let summary = checker::check(&attempts, &kept).with_context(|| format!("{kind:?}"))?;
         ensure!(
             summary.applied > 20 && summary.refused > 20,
             "{kind:?}: {summary:?}"
