@@ -147,16 +147,14 @@ fn replicated() -> CallOptions {
         .build()
 }
 
-/// SET (replicated as itself); the module's own keys only.
+/// Set a string key and replicate it as `SET key value` (the replication
+/// stream and the AOF see exactly that, after whatever the command
+/// propagated before, in one MULTI/EXEC).
 fn store(ctx: &Context, key: &[u8], value: &[u8]) -> Result<(), Refusal> {
-    let result: CallResult = ctx.call_ext("SET", &replicated(), &[key, value]);
-    match result {
-        Ok(_) => Ok(()),
-        Err(e) => Err(Refusal::new(
-            "FENCERUNTIME",
-            format!("storing the state: {e}"),
-        )),
-    }
+    ffi::set_string(ctx, key, value)
+        .map_err(|e| Refusal::new("FENCERUNTIME", format!("storing a key: {e}")))?;
+    ctx.replicate("SET", &[key, value]);
+    Ok(())
 }
 
 fn scope_key(scope: &[u8]) -> Result<Vec<u8>, Refusal> {
@@ -271,10 +269,7 @@ fn fence_set(ctx: &Context, args: &[RedisString]) -> Result<RedisValue, Refusal>
     match verdict {
         Verdict::Duplicate { version } => Ok(duplicate(version)),
         Verdict::Apply { version, state } => {
-            let result: CallResult = ctx.call_ext("SET", &replicated(), &[a[1], a[3]]);
-            if let Err(e) = result {
-                return Err(Refusal(e.to_string()));
-            }
+            store(ctx, a[1], a[3])?;
             store(ctx, &state_key, &state)?;
             Ok(applied(version))
         }

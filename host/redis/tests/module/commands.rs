@@ -304,7 +304,8 @@ fn exec_runs_write_commands() -> Result<()> {
 }
 
 /// Inside MULTI/EXEC and a Lua script the fence decides on the state the
-/// transaction sees, and a stale write inside is refused alone.
+/// transaction sees, and a stale write inside is refused alone; a fenced
+/// write aborts another client's transaction that WATCHes the key.
 #[test]
 fn inside_multi_and_scripts() -> Result<()> {
     each_server(Options::module(), |server| {
@@ -328,6 +329,18 @@ fn inside_multi_and_scripts() -> Result<()> {
             "{got:?}"
         );
         ensure!(c.ok(&["GET", "k"])?.text().as_deref() == Some("lua"));
+        // A fenced write touches WATCHed keys like any write: the
+        // watcher's transaction aborts.
+        let mut watcher = server.conn()?;
+        watcher.ok(&["WATCH", "k"])?;
+        c.ok(&["FENCE.SET", "k", "0.4", "fenced"])?;
+        watcher.ok(&["MULTI"])?;
+        watcher.ok(&["SET", "k", "unfenced"])?;
+        ensure!(
+            watcher.ok(&["EXEC"])? == Value::Nil,
+            "EXEC ran over a fenced write"
+        );
+        ensure!(c.ok(&["GET", "k"])?.text().as_deref() == Some("fenced"));
         Ok(())
     })
 }
@@ -344,7 +357,10 @@ impl Rng {
 }
 
 fn garbage_arg(rng: &mut Rng, state: &[u8]) -> Vec<u8> {
-    match rng.below(12) {
+    match rng.below(13) {
+        12 => ["g\0", "\0", "a\r\nb", "é/ü", " ", "{g}\0x"][rng.below(6) as usize]
+            .as_bytes()
+            .to_vec(),
         0 => Vec::new(),
         1 => b"--".to_vec(),
         2 => format!("{}.{}", rng.below(5), rng.below(5)).into_bytes(),
@@ -407,6 +423,16 @@ fn garbage_never_crashes_and_refusals_change_nothing() -> Result<()> {
         "FENCE.RENEW",
         "FENCE.RELEASE",
     ];
+    let templates: [&[&str]; 8] = [
+        &["FENCE.SET", "g", "0.6", "v"],
+        &["FENCE.DEL", "g", "0.6"],
+        &["FENCE.EXEC", "{g}", "0.6", "--", "HSET", "{g}:h", "f", "v"],
+        &["FENCE.CHECK", "g", "0.6"],
+        &["FENCE.INSPECT", "g"],
+        &["FENCE.ACQUIRE", "g", "lease-2", "1000"],
+        &["FENCE.RENEW", "g", "lease-1", "0.1", "1000"],
+        &["FENCE.RELEASE", "g", "lease-1", "0.1"],
+    ];
     each_server(Options::module(), |server| {
         let mut c: Conn = server.conn()?;
         c.ok(&["FENCE.SET", "g", "0.5", "v"])?;
@@ -418,12 +444,25 @@ fn garbage_never_crashes_and_refusals_change_nothing() -> Result<()> {
             .to_vec();
         let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
         let (mut refused, mut accepted) = (0, 0);
-        for _ in 0..600 {
-            let name = commands[rng.below(commands.len() as u64) as usize];
-            let n = rng.below(9);
-            let mut args: Vec<Vec<u8>> = vec![name.as_bytes().to_vec()];
-            for _ in 0..n {
-                args.push(garbage_arg(&mut rng, &state));
+        for _ in 0..800 {
+            let pick = rng.below(commands.len() as u64) as usize;
+            // Half the time a well-formed command with one argument
+            // replaced (so the garbage reaches the deeper paths), else
+            // any number of garbage arguments.
+            let mut args: Vec<Vec<u8>> = if rng.below(2) == 0 {
+                let mut args: Vec<Vec<u8>> = templates[pick]
+                    .iter()
+                    .map(|a| a.as_bytes().to_vec())
+                    .collect();
+                let i = 1 + rng.below(args.len() as u64 - 1) as usize;
+                args[i] = garbage_arg(&mut rng, &state);
+                args
+            } else {
+                let n = rng.below(9);
+                (0..n).map(|_| garbage_arg(&mut rng, &state)).collect()
+            };
+            if args.first().is_none_or(|a| !a.starts_with(b"FENCE.")) {
+                args.insert(0, commands[pick].as_bytes().to_vec());
             }
             // Sometimes a flipped state is planted first.
             if rng.below(10) == 0 {
@@ -434,7 +473,11 @@ fn garbage_never_crashes_and_refusals_change_nothing() -> Result<()> {
             let reply = c.cmd(&args)?;
             if let Some(e) = reply.error() {
                 // A panic caught in the module, or a trapped guest, is a bug.
-                ensure!(!e.starts_with("FENCERUNTIME"), "{:?}: -{e}", &args[..1]);
+                ensure!(
+                    !e.starts_with("FENCERUNTIME"),
+                    "{}: -{e}",
+                    String::from_utf8_lossy(&args[0])
+                );
                 refused += 1;
                 let after = c.snapshot()?;
                 ensure!(
@@ -448,9 +491,10 @@ fn garbage_never_crashes_and_refusals_change_nothing() -> Result<()> {
         }
         ensure!(c.ok(&["PING"])? == Value::Simple("PONG".into()));
         ensure!(
-            refused > 400,
-            "only {refused} refused, {accepted} accepted: the generator is too tame"
+            refused > 300 && accepted > 20,
+            "{refused} refused, {accepted} accepted: the generator misses one side"
         );
+        println!("{:?}: {refused} refused, {accepted} accepted", server.kind);
         Ok(())
     })
 }
