@@ -18,7 +18,7 @@ use anyhow::{Context, Result, ensure};
 use common::{Conn, Kind, Options, Server, Value};
 
 const CLIENTS: usize = 50;
-const ROUNDS: usize = 3;
+const ROUNDS: usize = 5;
 
 /// The seed's compare-and-set in EVAL: the fence is an integer key next to
 /// the data; a lower or equal token is refused, else both are written.
@@ -58,6 +58,24 @@ struct Run {
     ops_per_sec: f64,
     p50_us: f64,
     p99_us: f64,
+    /// The server's own time per call (INFO commandstats, usec_per_call):
+    /// what the command costs on the main thread, apart from the network
+    /// and the clients, and far less sensitive to the machine's load.
+    server_us: f64,
+}
+
+/// `usec_per_call` of `name` in INFO commandstats.
+fn server_us(c: &mut Conn, name: &str) -> Result<f64> {
+    let info = c.ok(&["INFO", "commandstats"])?.text().context("info")?;
+    let line = info
+        .lines()
+        .find(|l| l.starts_with(&format!("cmdstat_{name}:")))
+        .with_context(|| format!("no cmdstat_{name}"))?;
+    let field = line
+        .split([':', ','])
+        .find_map(|kv| kv.strip_prefix("usec_per_call="))
+        .context("usec_per_call")?;
+    Ok(field.parse()?)
 }
 
 fn run(
@@ -68,6 +86,8 @@ fn run(
     sha: &str,
     round: usize,
 ) -> Result<Run> {
+    let mut admin = Conn::connect(port)?;
+    admin.ok(&["CONFIG", "RESETSTAT"])?;
     let start = Arc::new(Barrier::new(CLIENTS + 1));
     let handles: Vec<_> = (0..CLIENTS)
         .map(|client| {
@@ -105,10 +125,16 @@ fn run(
     all.sort();
     let pct =
         |p: f64| all[((all.len() as f64 * p) as usize).min(all.len() - 1)].as_secs_f64() * 1e6;
+    let name = match w {
+        Workload::Set => "set",
+        Workload::Lua => "evalsha",
+        Workload::Fence => "fence.set",
+    };
     Ok(Run {
         ops_per_sec: all.len() as f64 / elapsed.as_secs_f64(),
         p50_us: pct(0.50),
         p99_us: pct(0.99),
+        server_us: server_us(&mut admin, name)?,
     })
 }
 
@@ -138,35 +164,48 @@ fn main() -> Result<()> {
             } else {
                 10_000
             };
-            let mut results = Vec::new();
-            for w in [Workload::Set, Workload::Lua, Workload::Fence] {
-                let mut ops = Vec::new();
-                let mut p50 = Vec::new();
-                let mut p99 = Vec::new();
-                for round in 0..ROUNDS {
-                    let r = run(server.port, w, per_client, depth, &sha, round)?;
-                    ops.push(r.ops_per_sec);
-                    p50.push(r.p50_us);
-                    p99.push(r.p99_us);
+            // Rounds interleave the workloads, so that a change in the
+            // machine's load hits all three alike.
+            // FENCECHECK_BENCH_ONLY=fence runs one workload (for a profiler).
+            let only = std::env::var("FENCECHECK_BENCH_ONLY").unwrap_or_default();
+            let workloads: Vec<Workload> = [Workload::Set, Workload::Lua, Workload::Fence]
+                .into_iter()
+                .filter(|w| only.is_empty() || format!("{w:?}").eq_ignore_ascii_case(&only))
+                .collect();
+            let mut runs: Vec<Vec<Run>> = workloads.iter().map(|_| Vec::new()).collect();
+            for round in 0..ROUNDS {
+                for (i, w) in workloads.iter().enumerate() {
+                    runs[i].push(run(server.port, *w, per_client, depth, &sha, round)?);
                 }
                 c.ok(&["FLUSHALL"])?;
-                let (ops, p50, p99) = (median(ops), median(p50), median(p99));
+            }
+            let mut results = Vec::new();
+            for (w, r) in workloads.iter().zip(runs) {
+                let ops = median(r.iter().map(|x| x.ops_per_sec).collect());
+                let p50 = median(r.iter().map(|x| x.p50_us).collect());
+                let p99 = median(r.iter().map(|x| x.p99_us).collect());
+                let server = median(r.iter().map(|x| x.server_us).collect());
                 println!(
-                    "{:<10} {depth:>5} {ops:>12.0} {p50:>9.0} {p99:>9.0}",
+                    "{:<10} {depth:>5} {ops:>12.0} {p50:>9.0} {p99:>9.0} {server:>11.2}",
                     format!("{w:?}")
                 );
-                results.push((w, ops));
+                results.push((*w, (ops, server)));
             }
             let get = |w| {
                 results
                     .iter()
                     .find(|(x, _)| *x == w)
-                    .map_or(f64::NAN, |(_, o)| *o)
+                    .map_or((f64::NAN, f64::NAN), |(_, v)| *v)
             };
+            let (fence, set, lua) = (get(Workload::Fence), get(Workload::Set), get(Workload::Lua));
             println!(
-                "depth {depth}: FENCE.SET / SET = {:.2}x, FENCE.SET / Lua CAS = {:.2}x",
-                get(Workload::Fence) / get(Workload::Set),
-                get(Workload::Fence) / get(Workload::Lua)
+                "depth {depth}: throughput FENCE.SET / SET = {:.2}x, FENCE.SET / Lua CAS = {:.2}x; \
+                 server time per call: FENCE.SET {:.2} us, SET {:.2} us, Lua CAS {:.2} us",
+                fence.0 / set.0,
+                fence.0 / lua.0,
+                fence.1,
+                set.1,
+                lua.1
             );
         }
     }

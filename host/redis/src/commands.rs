@@ -269,8 +269,13 @@ fn fence_set(ctx: &Context, args: &[RedisString]) -> Result<RedisValue, Refusal>
     match verdict {
         Verdict::Duplicate { version } => Ok(duplicate(version)),
         Verdict::Apply { version, state } => {
-            store(ctx, a[1], a[3])?;
-            store(ctx, &state_key, &state)?;
+            // Both keys, replicated as ONE command (MSET), which replicas
+            // and the AOF apply atomically without a MULTI/EXEC wrapper.
+            for (key, value) in [(a[1], a[3]), (&state_key, &state)] {
+                ffi::set_string(ctx, key, value)
+                    .map_err(|e| Refusal::new("FENCERUNTIME", format!("storing a key: {e}")))?;
+            }
+            ctx.replicate("MSET", &[a[1], a[3], &state_key, &state]);
             Ok(applied(version))
         }
     }

@@ -438,6 +438,11 @@ impl Conn {
     }
 }
 
+/// The error line of a reply (`<no error>` when it is not one), to compare.
+pub fn err(v: &Value) -> String {
+    v.error().unwrap_or("<no error>").to_string()
+}
+
 /// `["applied", version]` → version.
 pub fn applied(v: &Value) -> Result<i64> {
     match v.items() {

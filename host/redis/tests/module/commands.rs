@@ -3,12 +3,8 @@
 //! MULTI and scripts, and random garbage that must neither crash the server
 //! nor change a key.
 
-use crate::common::{Conn, Options, Value, applied, each_server};
+use crate::common::{Conn, Options, Value, applied, each_server, err};
 use anyhow::{Result, ensure};
-
-fn err(v: &Value) -> String {
-    v.error().unwrap_or("<no error>").to_string()
-}
 
 /// Applied and duplicate are replies with the version; stale, version
 /// conflict, foreign authority, bad token and corrupt state are errors

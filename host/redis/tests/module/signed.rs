@@ -4,14 +4,10 @@
 //! cannot present a forged or unsigned one, and cannot read or change the
 //! keys or the marks.
 
-use crate::common::{Conn, Options, Value, applied, each_server};
+use crate::common::{Conn, Options, Value, applied, each_server, err};
 use anyhow::{Context, Result, ensure};
 
 const SECRET: &str = "3:8a1f0c5e9d7b3a2c4e6f8091a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d5";
-
-fn err(v: &Value) -> String {
-    v.error().unwrap_or("<no error>").to_string()
-}
 
 /// The lock-out attack (a made-up u64::MAX token) applies on a scope that
 /// did not opt in and is refused on one that did; grants are signed by the
