@@ -1,10 +1,12 @@
 //! The commands, on Redis's main thread: read the state key, let the
 //! component decide, and only on `applied` run the write and store the new
 //! state, all inside one command execution (so inside MULTI and scripts
-//! too). Every write goes through `RM_Call` with `!`, so what replicas and
-//! the AOF receive is the effect (`SET <state key> <bytes>` and the data
-//! command's own propagation), wrapped by Redis in one MULTI/EXEC: a replica
-//! or an AOF replay needs no module.
+//! too). What replicas and the AOF receive is the effect, never a FENCE
+//! command: state keys (and FENCE.SET's data key) are set through the key
+//! API and replicated as `SET`/`MSET`; FENCE.DEL's and FENCE.EXEC's
+//! command runs through `RM_Call` with `!` and propagates itself, and Redis
+//! wraps a command's several effects in one MULTI/EXEC. A replica or an AOF
+//! replay needs no module.
 
 use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
