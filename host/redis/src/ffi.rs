@@ -90,8 +90,9 @@ pub fn random_nonzero_u64() -> u64 {
 
 /// Set `key` to the string `value` through the key API (RM_OpenKey,
 /// RM_StringSet, RM_CloseKey): like SET, it replaces any value and its
-/// TTL, and closing the key signals WATCH. Replicating it is the caller's
-/// job (RM_Replicate). Several times cheaper than a SET through RM_Call.
+/// TTL, closing the key signals WATCH, and a `set` keyspace event is sent
+/// as SET sends one. Replicating it is the caller's job (RM_Replicate).
+/// Several times cheaper than a SET through RM_Call.
 pub fn set_string(ctx: &Context, key: &[u8], value: &[u8]) -> Result<(), String> {
     let (Some(open), Some(set), Some(close), Some(create), Some(free)) = (unsafe {
         // SAFETY: function pointers filled in by RedisModule_Init; read by value.
@@ -121,6 +122,16 @@ pub fn set_string(ctx: &Context, key: &[u8], value: &[u8]) -> Result<(), String>
             close(handle);
             s
         };
+        if status == raw::REDISMODULE_OK as c_int
+            && let Some(notify) = raw::RedisModule_NotifyKeyspaceEvent
+        {
+            notify(
+                raw_ctx,
+                raw::REDISMODULE_NOTIFY_STRING,
+                c"set".as_ptr(),
+                name,
+            );
+        }
         free(raw_ctx, data);
         free(raw_ctx, name);
         if status == raw::REDISMODULE_OK as c_int {

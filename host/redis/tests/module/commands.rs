@@ -341,6 +341,36 @@ fn inside_multi_and_scripts() -> Result<()> {
     })
 }
 
+/// FENCE.SET sends the keyspace event SET sends, so listeners (and client
+/// caches) see fenced writes like any other; a refused one sends nothing.
+#[test]
+fn fenced_writes_notify_like_set() -> Result<()> {
+    each_server(
+        Options::module().with("notify-keyspace-events", "K$"),
+        |server| {
+            let mut sub = server.conn()?;
+            sub.ok(&["SUBSCRIBE", "__keyspace@0__:doc"])?;
+            let mut c = server.conn()?;
+            c.ok(&["FENCE.SET", "doc", "0.1", "v1"])?;
+            let stale = c.cmd(&["FENCE.SET", "doc", "0.1", "v2"])?;
+            ensure!(stale.error().is_some());
+            c.ok(&["SET", "doc", "plain"])?;
+            // In order: the fenced write's event, then the plain SET's (the
+            // refused write sent none between them).
+            for _ in 0..2 {
+                let msg = sub.read()?;
+                let items = msg.items();
+                ensure!(
+                    items.first().and_then(Value::text).as_deref() == Some("message")
+                        && items.get(2).and_then(Value::text).as_deref() == Some("set"),
+                    "{msg:?}"
+                );
+            }
+            Ok(())
+        },
+    )
+}
+
 /// A small deterministic generator (xorshift).
 struct Rng(u64);
 impl Rng {
