@@ -62,6 +62,21 @@ struct Run {
     /// what the command costs on the main thread, apart from the network
     /// and the clients, and far less sensitive to the machine's load.
     server_us: f64,
+    /// CPU time the server process used per request (user + system, from
+    /// /proc: parsing, the command, the network syscalls): what a request
+    /// costs the server, whatever else the machine runs.
+    cpu_us: f64,
+}
+
+/// utime + stime of a process, in seconds (/proc/PID/stat, clock ticks of 1/100 s).
+fn cpu_seconds(pid: u32) -> Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // Fields after the command name, which is in parentheses.
+    let rest = stat.rsplit_once(')').context("stat")?.1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = fields.get(11).context("utime")?.parse::<f64>()?
+        + fields.get(12).context("stime")?.parse::<f64>()?;
+    Ok(ticks / 100.0)
 }
 
 /// `usec_per_call` of `name` in INFO commandstats.
@@ -79,6 +94,7 @@ fn server_us(c: &mut Conn, name: &str) -> Result<f64> {
 }
 
 fn run(
+    pid: u32,
     port: u16,
     w: Workload,
     per_client: usize,
@@ -88,6 +104,7 @@ fn run(
 ) -> Result<Run> {
     let mut admin = Conn::connect(port)?;
     admin.ok(&["CONFIG", "RESETSTAT"])?;
+    let cpu_before = cpu_seconds(pid)?;
     let start = Arc::new(Barrier::new(CLIENTS + 1));
     let handles: Vec<_> = (0..CLIENTS)
         .map(|client| {
@@ -122,6 +139,7 @@ fn run(
         all.extend(h.join().map_err(|_| anyhow::anyhow!("client panicked"))??);
     }
     let elapsed = began.elapsed();
+    let cpu = cpu_seconds(pid)? - cpu_before;
     all.sort();
     let pct =
         |p: f64| all[((all.len() as f64 * p) as usize).min(all.len() - 1)].as_secs_f64() * 1e6;
@@ -135,6 +153,7 @@ fn run(
         p50_us: pct(0.50),
         p99_us: pct(0.99),
         server_us: server_us(&mut admin, name)?,
+        cpu_us: cpu * 1e6 / all.len() as f64,
     })
 }
 
@@ -151,6 +170,7 @@ fn main() -> Result<()> {
         let server = Server::start(kind, Options::module())?;
         let mut c = server.conn()?;
         let sha = c.ok(&["SCRIPT", "LOAD", LUA])?.text().context("sha")?;
+        let pid = server.pid().context("server pid")?;
         println!("{kind:?}: {CLIENTS} clients, loopback, medians of {ROUNDS} runs");
         println!(
             "{:<10} {:>5} {:>12} {:>9} {:>9}",
@@ -175,7 +195,7 @@ fn main() -> Result<()> {
             let mut runs: Vec<Vec<Run>> = workloads.iter().map(|_| Vec::new()).collect();
             for round in 0..ROUNDS {
                 for (i, w) in workloads.iter().enumerate() {
-                    runs[i].push(run(server.port, *w, per_client, depth, &sha, round)?);
+                    runs[i].push(run(pid, server.port, *w, per_client, depth, &sha, round)?);
                 }
                 c.ok(&["FLUSHALL"])?;
             }
@@ -185,27 +205,27 @@ fn main() -> Result<()> {
                 let p50 = median(r.iter().map(|x| x.p50_us).collect());
                 let p99 = median(r.iter().map(|x| x.p99_us).collect());
                 let server = median(r.iter().map(|x| x.server_us).collect());
+                let cpu = median(r.iter().map(|x| x.cpu_us).collect());
                 println!(
-                    "{:<10} {depth:>5} {ops:>12.0} {p50:>9.0} {p99:>9.0} {server:>11.2}",
+                    "{:<10} {depth:>5} {ops:>12.0} {p50:>9.0} {p99:>9.0} {server:>11.2} {cpu:>9.2}",
                     format!("{w:?}")
                 );
-                results.push((*w, (ops, server)));
+                results.push((*w, (ops, server, cpu)));
             }
             let get = |w| {
                 results
                     .iter()
                     .find(|(x, _)| *x == w)
-                    .map_or((f64::NAN, f64::NAN), |(_, v)| *v)
+                    .map_or((f64::NAN, f64::NAN, f64::NAN), |(_, v)| *v)
             };
             let (fence, set, lua) = (get(Workload::Fence), get(Workload::Set), get(Workload::Lua));
             println!(
                 "depth {depth}: throughput FENCE.SET / SET = {:.2}x, FENCE.SET / Lua CAS = {:.2}x; \
-                 server time per call: FENCE.SET {:.2} us, SET {:.2} us, Lua CAS {:.2} us",
+                 server CPU per request, inverted (capacity): vs SET {:.2}x, vs Lua CAS {:.2}x",
                 fence.0 / set.0,
                 fence.0 / lua.0,
-                fence.1,
-                set.1,
-                lua.1
+                set.2 / fence.2,
+                lua.2 / fence.2
             );
         }
     }
