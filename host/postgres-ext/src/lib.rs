@@ -37,10 +37,23 @@
 mod calls;
 mod ffi;
 mod protect;
+mod registry;
+mod settings;
 mod sqlstate;
+mod stats;
 
 pub use ffi::*;
 
 pgrx::pg_module_magic!();
 
 pgrx::extension_sql_file!("../sql/fencecheck.sql", name = "fencecheck", bootstrap);
+pgrx::extension_sql_file!("../sql/protect.sql", name = "protect", finalize);
+
+/// Loaded into a backend (on first use) or the postmaster (from
+/// `shared_preload_libraries`): define the settings, and ask for the
+/// shared decision counters when preloaded.
+#[pgrx::pg_guard]
+pub extern "C-unwind" fn _PG_init() {
+    settings::define();
+    stats::request_shared_memory();
+}
