@@ -786,6 +786,20 @@ fn fence_restore(ctx: &Context, args: &[RedisString]) -> Result<RedisValue, Refu
     ]))
 }
 
+/// `FENCE.VERSION`: the WIT package version of the component the module
+/// runs (the one built into it), as every host reports it.
+fn fence_version(_ctx: &Context, args: &[RedisString]) -> Result<RedisValue, Refusal> {
+    if args.len() != 1 {
+        return Err(Refusal::syntax("usage: FENCE.VERSION"));
+    }
+    let runtime = RUNTIME
+        .get()
+        .ok_or_else(|| Refusal::new("FENCERUNTIME", "the component is not loaded"))?;
+    Ok(RedisValue::BulkString(
+        runtime.component_version().to_string(),
+    ))
+}
+
 // Entry points named in the module's command table (lib.rs).
 
 pub fn set(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
@@ -814,4 +828,7 @@ pub fn release(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
 }
 pub fn restore(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
     guarded(ctx, &args, fence_restore)
+}
+pub fn version(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+    guarded(ctx, &args, fence_version)
 }

@@ -13,7 +13,8 @@
 //!   names it (`-STALEFENCE presented 0.41 highest 0.42`), and changes
 //!   nothing.
 //! - `FENCE.CHECK scope token [options]` decides without writing;
-//!   `FENCE.INSPECT scope [LEASE]` decodes a state as JSON.
+//!   `FENCE.INSPECT scope [LEASE]` decodes a state as JSON;
+//!   `FENCE.VERSION` names the embedded component's WIT package version.
 //! - Leases in the same server: `FENCE.ACQUIRE lock lease-id ttl-ms`,
 //!   `FENCE.RENEW lock lease-id token ttl-ms`, `FENCE.RELEASE lock lease-id
 //!   token`, `FENCE.RESTORE [at-least]`.
@@ -75,6 +76,7 @@ mod module {
             ["fence.renew", commands::renew, "write deny-oom", 1, 1, 1, ""],
             ["fence.release", commands::release, "write", 1, 1, 1, ""],
             ["fence.restore", commands::restore, "write", 0, 0, 0, ""],
+            ["fence.version", commands::version, "readonly fast", 0, 0, 0, ""],
         ],
     }
 

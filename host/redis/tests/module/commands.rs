@@ -124,6 +124,21 @@ fn replies_and_refusals() -> Result<()> {
     })
 }
 
+/// FENCE.VERSION is the WIT package version of the component built in.
+#[test]
+fn version_is_the_components() -> Result<()> {
+    each_server(Options::module(), |server| {
+        let mut c = server.conn()?;
+        let got = c.ok(&["FENCE.VERSION"])?;
+        ensure!(
+            got.text().as_deref() == Some(fencecheck::WIT_VERSION),
+            "{got:?}"
+        );
+        ensure!(c.cmd(&["FENCE.VERSION", "x"])?.error().is_some());
+        Ok(())
+    })
+}
+
 /// FENCE.DEL deletes the key and keeps the mark, so the key cannot come
 /// back under an older token; FENCE.CHECK decides without writing;
 /// FENCE.INSPECT decodes the state as the other hosts do.
