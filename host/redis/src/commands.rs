@@ -801,34 +801,23 @@ fn fence_version(_ctx: &Context, args: &[RedisString]) -> Result<RedisValue, Ref
 }
 
 // Entry points named in the module's command table (lib.rs).
+macro_rules! entry_points {
+    ($($name:ident => $handler:ident),* $(,)?) => {$(
+        pub fn $name(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+            guarded(ctx, &args, $handler)
+        }
+    )*};
+}
 
-pub fn set(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
-    guarded(ctx, &args, fence_set)
-}
-pub fn del(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
-    guarded(ctx, &args, fence_del)
-}
-pub fn exec(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
-    guarded(ctx, &args, fence_exec)
-}
-pub fn check(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
-    guarded(ctx, &args, fence_check)
-}
-pub fn inspect(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
-    guarded(ctx, &args, fence_inspect)
-}
-pub fn acquire(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
-    guarded(ctx, &args, fence_acquire)
-}
-pub fn renew(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
-    guarded(ctx, &args, fence_renew)
-}
-pub fn release(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
-    guarded(ctx, &args, fence_release)
-}
-pub fn restore(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
-    guarded(ctx, &args, fence_restore)
-}
-pub fn version(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
-    guarded(ctx, &args, fence_version)
+entry_points! {
+    set => fence_set,
+    del => fence_del,
+    exec => fence_exec,
+    check => fence_check,
+    inspect => fence_inspect,
+    acquire => fence_acquire,
+    renew => fence_renew,
+    release => fence_release,
+    restore => fence_restore,
+    version => fence_version,
 }
