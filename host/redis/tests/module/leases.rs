@@ -5,7 +5,10 @@
 //! grant; WAIT to learn whether a grant reached a replica).
 
 use crate::common::{Conn, KINDS, Options, Server, Value, applied, each_server};
-use anyhow::{Context, Result, ensure};
+use std::collections::BTreeSet;
+use std::sync::{Arc, Barrier};
+
+use anyhow::{Context, Result, bail, ensure};
 
 fn grant(c: &mut Conn, lock: &str, lease: &str, ttl: &str, now: &str) -> Result<Value> {
     c.ok(&["FENCE.ACQUIRE", lock, lease, ttl, "NOW", now])
@@ -248,6 +251,103 @@ fn restore_raises_the_epoch_floor() -> Result<()> {
                 .error()
                 .is_some_and(|e| e.starts_with("CORRUPTSTATE")),
             "{corrupt:?}"
+        );
+        Ok(())
+    })
+}
+
+/// What one racing client saw: its grants' tokens, and its applied
+/// writes (audit entry, version).
+type Seen = (Vec<String>, Vec<(String, i64)>);
+
+/// 8 clients race for one lock on the server's clock (acquire, a fenced
+/// write with the grant's token, release), 60 rounds each: every grant's
+/// counter is used exactly once (1..=n, no repeats, no gaps), and the
+/// audit list written through FENCE.EXEC holds exactly the writes
+/// acknowledged as applied, in token order.
+#[test]
+fn racing_clients_get_one_grant_per_counter() -> Result<()> {
+    each_server(Options::module(), |server| {
+        let start = Arc::new(Barrier::new(8));
+        let handles: Vec<_> = (0..8)
+            .map(|id| {
+                let start = Arc::clone(&start);
+                let port = server.port;
+                std::thread::spawn(move || -> Result<Seen> {
+                    let mut c = Conn::connect(port)?;
+                    let (mut grants, mut applied_writes) = (Vec::new(), Vec::new());
+                    start.wait();
+                    for n in 0..60 {
+                        let lease = format!("c{id}-{n}");
+                        let reply = c.ok(&["FENCE.ACQUIRE", "{job}", &lease, "5000"])?;
+                        let Ok(token) = token_of(&reply) else {
+                            continue;
+                        };
+                        grants.push(token.clone());
+                        let entry = format!("{lease} {token}");
+                        let w = c.cmd(&[
+                            "FENCE.EXEC",
+                            "{job}",
+                            &token,
+                            "--",
+                            "RPUSH",
+                            "{job}:audit",
+                            &entry,
+                        ])?;
+                        match w.items() {
+                            [Value::Simple(s), Value::Int(v), Value::Int(len)]
+                                if s == "applied" =>
+                            {
+                                ensure!(v == len, "version {v}, audit length {len}");
+                                applied_writes.push((entry, *v));
+                            }
+                            _ => bail!("the holder's write was refused: {w:?}"),
+                        }
+                        let released = c.ok(&["FENCE.RELEASE", "{job}", &lease, &token])?;
+                        ensure!(
+                            released.items().first() == Some(&Value::Simple("released".into())),
+                            "{released:?}"
+                        );
+                    }
+                    Ok((grants, applied_writes))
+                })
+            })
+            .collect();
+        let (mut grants, mut writes) = (Vec::new(), Vec::new());
+        for h in handles {
+            let (g, w) = h.join().map_err(|_| anyhow::anyhow!("client panicked"))??;
+            grants.extend(g);
+            writes.extend(w);
+        }
+        let counters: BTreeSet<u64> = grants
+            .iter()
+            .map(|t| {
+                t.rsplit_once('.')
+                    .and_then(|(_, c)| c.parse().ok())
+                    .context("counter")
+            })
+            .collect::<Result<_>>()?;
+        ensure!(
+            counters.len() == grants.len(),
+            "a counter was granted twice: {grants:?}"
+        );
+        ensure!(
+            counters.iter().copied().eq(1..=grants.len() as u64),
+            "counters {counters:?} are not 1..=n"
+        );
+        let mut c = server.conn()?;
+        let audit = c.ok(&["LRANGE", "{job}:audit", "0", "-1"])?;
+        writes.sort_by_key(|(_, v)| *v);
+        let logged: Vec<String> = audit.items().iter().filter_map(Value::text).collect();
+        let acked: Vec<String> = writes.into_iter().map(|(e, _)| e).collect();
+        ensure!(
+            logged == acked,
+            "the audit list is not the acknowledged writes in version order"
+        );
+        ensure!(
+            grants.len() >= 16,
+            "only {} grants: the race did not happen",
+            grants.len()
         );
         Ok(())
     })
