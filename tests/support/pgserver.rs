@@ -27,6 +27,8 @@ pub struct PgServer {
     run_as: Option<String>,
     port: u16,
     durable: bool,
+    /// Extra `postgres -c NAME=VALUE` settings ([`PgServer::start_with_settings`]).
+    settings: Vec<String>,
 }
 
 fn bin_dir() -> Result<PathBuf> {
@@ -75,6 +77,15 @@ impl PgServer {
     /// benchmarks whose numbers must include the commit's flush.
     pub fn start_durable() -> Result<Self> {
         Self::start_with(true)
+    }
+
+    /// As [`PgServer::start`], with extra server settings (`NAME=VALUE`,
+    /// e.g. `shared_preload_libraries=fencecheck`), kept across restarts.
+    pub fn start_with_settings(settings: &[&str]) -> Result<Self> {
+        let mut server = Self::init(false)?;
+        server.settings = settings.iter().map(|s| s.to_string()).collect();
+        server.pg_ctl_start()?;
+        Ok(server)
     }
 
     /// A server ready to be the primary of streaming replicas
@@ -257,6 +268,7 @@ impl PgServer {
             run_as,
             port: free_port()?,
             durable,
+            settings: Vec::new(),
         };
         if let Some(user) = &server.run_as {
             server.check(Command::new("chown").arg(user).arg(&server.root))?;
@@ -300,12 +312,16 @@ impl PgServer {
     /// connections. fsync is off: the tests stop the server, they never cut
     /// the machine's power, and WAL replay after `-m immediate` still runs.
     pub fn pg_ctl_start(&self) -> Result<()> {
-        let options = format!(
+        let mut options = format!(
             "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync={} -c max_connections=100",
             self.port,
             self.root.display(),
             if self.durable { "on" } else { "off" }
         );
+        for setting in &self.settings {
+            options.push_str(" -c ");
+            options.push_str(setting);
+        }
         self.check(
             self.command("pg_ctl")
                 .args(["-w", "-t", "60", "-D"])
@@ -346,6 +362,27 @@ impl PgServer {
     pub fn client(&self) -> Result<postgres::Client> {
         postgres::Client::connect(&self.url(), postgres::NoTls)
             .with_context(|| format!("connecting to {}", self.url()))
+    }
+
+    /// A new client connection as `role` (which must be a LOGIN role; the
+    /// test cluster trusts loopback), for tests of what a non-superuser can
+    /// and cannot do.
+    pub fn client_as(&self, role: &str) -> Result<postgres::Client> {
+        let url = self.url().replace("user=postgres", &format!("user={role}"));
+        postgres::Client::connect(&url, postgres::NoTls)
+            .with_context(|| format!("connecting as {role} to {url}"))
+    }
+
+    /// A client program of the server's installation (`pg_dump`, `psql`…),
+    /// run as the current user; point it at the server with `-h 127.0.0.1
+    /// -p PORT -U postgres`.
+    pub fn tool(&self, program: &str) -> Command {
+        Command::new(self.bin.join(program))
+    }
+
+    /// The data directory's root, where the server log and socket live.
+    pub fn root(&self) -> &Path {
+        &self.root
     }
 
     /// Run `psql` (from the server's binaries) on the file `sql`; returns its

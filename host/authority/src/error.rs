@@ -15,6 +15,10 @@ pub enum AuthorityError {
     /// The etcd store failed or could not be reached.
     #[error("lease store (etcd): {0}")]
     Etcd(String),
+    /// The Redis or Valkey store failed, could not be reached, or answered
+    /// something the module never answers.
+    #[error("lease store (Redis): {0}")]
+    Redis(String),
     /// TLS to etcd failed before any request was executed: a certificate or
     /// key file that cannot be used, a member certificate not signed by the
     /// CA given or not naming the endpoint's host, or a member refusing the

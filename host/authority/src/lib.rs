@@ -17,6 +17,9 @@
 //!   gateway; one compare-and-swap transaction per decision; over TLS
 //!   ([`EtcdTls`]) and as an etcd user ([`EtcdCredentials`]) when the
 //!   cluster requires them.
+//! - [`RedisCoordinator`]: a Redis or Valkey server loading the fencecheck
+//!   module (host/redis); each decision is one module command run on the
+//!   server's main thread, on the server's clock.
 //! - [`Clock`], [`SystemClock`], [`MonotonicClock`], [`ManualClock`]: the
 //!   coordinator's time authority and the client's local clock; tests drive
 //!   manual ones.
@@ -58,6 +61,7 @@ mod error;
 mod etcd;
 mod migrate;
 mod postgres;
+mod redis;
 mod rules;
 mod signing;
 mod sqlite;
@@ -70,6 +74,7 @@ pub use migrate::{
     EtcdAccess, Migrated, MigrationStep, StoreUrl, migrate, migrate_with, migrate_with_etcd,
 };
 pub use postgres::{Connect as PostgresConnect, PostgresCoordinator};
+pub use redis::RedisCoordinator;
 pub use signing::SigningCoordinator;
 pub use sqlite::SqliteCoordinator;
 

@@ -10,12 +10,12 @@ use clap::{Args, Subcommand};
 use fencecheck::{Runtime, TokenText};
 use fencecheck_authority::{
     AcquireOutcome, Coordinator, EtcdAccess, EtcdCoordinator, EtcdCredentials, EtcdOptions,
-    EtcdTls, MigrationStep, PostgresCoordinator, ReleaseOutcome, RenewOutcome, SigningCoordinator,
-    SqliteCoordinator, StoreUrl, SystemClock,
+    EtcdTls, MigrationStep, PostgresCoordinator, RedisCoordinator, ReleaseOutcome, RenewOutcome,
+    SigningCoordinator, SqliteCoordinator, StoreUrl, SystemClock,
 };
 
 /// Where the coordinator keeps its leases: exactly one of `--db` (SQLite),
-/// `--postgres` and `--etcd`.
+/// `--postgres`, `--etcd` and `--redis`.
 #[derive(Args)]
 #[group(required = true, multiple = false)]
 pub struct Store {
@@ -30,6 +30,12 @@ pub struct Store {
     /// (`http://…`, or `https://…` with `--etcd-cacert`).
     #[arg(long)]
     etcd: Option<String>,
+    /// Redis or Valkey server loading the fencecheck module
+    /// (`redis://[[user]:password@]host:port`): the module's FENCE.ACQUIRE,
+    /// FENCE.RENEW, FENCE.RELEASE and FENCE.RESTORE decide, on the server's
+    /// clock.
+    #[arg(long)]
+    redis: Option<String>,
 }
 
 /// The environment variable that may hold the etcd password (never a flag:
@@ -215,6 +221,11 @@ const BUSY: u8 = 3;
 
 fn open(runtime: &Runtime, store: &Store, etcd: &EtcdFlags) -> Result<Box<dyn Coordinator>> {
     let clock = Arc::new(SystemClock);
+    if let Some(url) = &store.redis {
+        return Ok(Box::new(
+            RedisCoordinator::connect(url).context("connecting to the Redis coordinator")?,
+        ));
+    }
     match (&store.db, &store.postgres, &store.etcd) {
         (Some(db), _, _) => Ok(Box::new(
             SqliteCoordinator::open(db, runtime.clone(), clock)
@@ -237,7 +248,7 @@ fn open(runtime: &Runtime, store: &Store, etcd: &EtcdFlags) -> Result<Box<dyn Co
                     .with_context(|| format!("connecting to etcd at {endpoints}"))?,
             ))
         }
-        (None, None, None) => anyhow::bail!("give --db, --postgres or --etcd"),
+        (None, None, None) => anyhow::bail!("give --db, --postgres, --etcd or --redis"),
     }
 }
 

@@ -167,10 +167,18 @@ pub(crate) fn decide(
     args: &Args<'_>,
     keys: Option<&[GrantKey]>,
 ) -> Result<Decision, Raise> {
-    let request = args.request()?;
+    decide_request(state, &args.request()?, keys)
+}
+
+/// [`decide`] for a request already made from its arguments.
+pub(crate) fn decide_request(
+    state: Option<&[u8]>,
+    request: &Request,
+    keys: Option<&[GrantKey]>,
+) -> Result<Decision, Raise> {
     with_guest(|guest| {
         guest
-            .decide(state, &request, keys)
+            .decide(state, request, keys)
             .map_err(|e| runtime_error(&e))?
             .map_err(|e| Raise {
                 state: match &e {

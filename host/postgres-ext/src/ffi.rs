@@ -17,7 +17,9 @@ use pgrx::pg_sys;
 
 use crate::calls::{self, Args};
 use crate::protect;
+use crate::soundness;
 use crate::sqlstate::{Raise, SqlState};
+use crate::stats::{self, Operation, Outcome};
 
 unsafe extern "C-unwind" {
     // PostgreSQL's error reporting (elog.h); pgrx keeps them out of its
@@ -131,16 +133,27 @@ fn keys_arg(fcinfo: pg_sys::FunctionCallInfo) -> Result<Option<Vec<fencecheck::G
 
 fn fence_check(fcinfo: pg_sys::FunctionCallInfo) -> Result<Out, Raise> {
     let (state, args) = check_args(fcinfo);
-    let keys = keys_arg(fcinfo)?;
-    let decision = calls::decide(state, &args, keys.as_deref())?;
-    Ok(datum(decision.name().into_datum()))
+    let decision = keys_arg(fcinfo).and_then(|keys| calls::decide(state, &args, keys.as_deref()));
+    match &decision {
+        Ok(d) => stats::count(Operation::FenceCheck, Outcome::of_decision(d)),
+        Err(e) => stats::count(Operation::FenceCheck, Outcome::of_raise(e)),
+    }
+    Ok(datum(decision?.name().into_datum()))
 }
 
 fn fence_next(fcinfo: pg_sys::FunctionCallInfo) -> Result<Out, Raise> {
     let (state, args) = check_args(fcinfo);
-    let keys = keys_arg(fcinfo)?;
-    let state = calls::applied(calls::decide(state, &args, keys.as_deref())?)?;
-    Ok(datum(state.as_slice().into_datum()))
+    let next = keys_arg(fcinfo)
+        .and_then(|keys| calls::decide(state, &args, keys.as_deref()))
+        .and_then(|decision| {
+            if let fencecheck::Decision::StaleFence { presented, highest } = &decision {
+                let scope = args.scope.unwrap_or_default();
+                stats::log_stale(Operation::FenceNext, None, scope, *presented, *highest);
+            }
+            calls::applied(decision)
+        });
+    stats::count_result(Operation::FenceNext, &next);
+    Ok(datum(next?.as_slice().into_datum()))
 }
 
 fn fence_inspect(fcinfo: pg_sys::FunctionCallInfo) -> Result<Out, Raise> {
@@ -162,6 +175,105 @@ fn datum(d: Option<pg_sys::Datum>) -> Out {
 fn row_trigger(fcinfo: pg_sys::FunctionCallInfo) -> Result<Out, Raise> {
     // SAFETY: declared RETURNS trigger; `protect` checks it was called as one.
     unsafe { protect::row_trigger(fcinfo) }.map(Out::Datum)
+}
+
+fn inserted_trigger(fcinfo: pg_sys::FunctionCallInfo) -> Result<Out, Raise> {
+    // SAFETY: declared RETURNS trigger; `protect` checks it was called as one.
+    unsafe { protect::inserted_trigger(fcinfo) }.map(Out::Datum)
+}
+
+fn keys_changed(fcinfo: pg_sys::FunctionCallInfo) -> Result<Out, Raise> {
+    // SAFETY: declared RETURNS trigger; `protect` checks it was called as one.
+    unsafe { protect::keys_changed(fcinfo) }.map(Out::Datum)
+}
+
+/// Argument `n` as text, NULL as `None`; not UTF-8 is refused.
+fn text_arg<'a>(
+    fcinfo: pg_sys::FunctionCallInfo,
+    n: usize,
+    what: &str,
+) -> Result<Option<&'a str>, Raise> {
+    // SAFETY: the declarations make argument `n` text.
+    match unsafe { bytes_arg(fcinfo, n) } {
+        None => Ok(None),
+        Some(bytes) => calls::text(what, Some(bytes)).map(Some),
+    }
+}
+
+fn fence_protect(fcinfo: pg_sys::FunctionCallInfo) -> Result<Out, Raise> {
+    // SAFETY: declared (regclass, text, text, text, text).
+    let tbl = unsafe { pgrx::pg_getarg::<pg_sys::Oid>(fcinfo, 0) };
+    protect::fence_protect(
+        tbl,
+        [
+            text_arg(fcinfo, 1, "scope_column")?,
+            text_arg(fcinfo, 2, "token_column")?,
+            text_arg(fcinfo, 3, "state_column")?,
+        ],
+        text_arg(fcinfo, 4, "policy")?,
+    )?;
+    Ok(Out::Null)
+}
+
+fn fence_unprotect(fcinfo: pg_sys::FunctionCallInfo) -> Result<Out, Raise> {
+    // SAFETY: declared (regclass).
+    protect::fence_unprotect(unsafe { pgrx::pg_getarg::<pg_sys::Oid>(fcinfo, 0) })?;
+    Ok(Out::Null)
+}
+
+/// A `regclass` argument (NULL: `None`).
+fn relid_arg(fcinfo: pg_sys::FunctionCallInfo, n: usize) -> Option<pg_sys::Oid> {
+    // SAFETY: the declaration makes argument `n` regclass.
+    unsafe { pgrx::pg_getarg::<pg_sys::Oid>(fcinfo, n) }
+}
+
+fn reason(reason: Option<String>) -> Out {
+    reason.map_or(Out::Null, |r| datum(r.as_str().into_datum()))
+}
+
+fn unfit(fcinfo: pg_sys::FunctionCallInfo) -> Result<Out, Raise> {
+    // Declared STRICT: no argument is NULL.
+    let Some(relid) = relid_arg(fcinfo, 0) else {
+        return Ok(Out::Null);
+    };
+    let column = |n, what| text_arg(fcinfo, n, what).map(Option::unwrap_or_default);
+    let columns = [
+        column(1, "scope_column")?,
+        column(2, "token_column")?,
+        column(3, "state_column")?,
+    ];
+    Ok(reason(soundness::unfit_of(relid, columns)))
+}
+
+fn trigger_trouble(fcinfo: pg_sys::FunctionCallInfo) -> Result<Out, Raise> {
+    let Some(relid) = relid_arg(fcinfo, 0) else {
+        return Ok(Out::Null);
+    };
+    // SAFETY: declared (regclass, boolean, name); the name may be NULL.
+    let complete = unsafe { pgrx::pg_getarg::<bool>(fcinfo, 1) }.unwrap_or(true);
+    // A `name` datum points at its NUL-terminated NameData.
+    let just = unsafe { pgrx::pg_getarg::<&std::ffi::CStr>(fcinfo, 2) }
+        .map(|n| n.to_string_lossy().into_owned());
+    Ok(reason(soundness::trigger_trouble_of(
+        relid,
+        complete,
+        just.as_deref(),
+    )?))
+}
+
+fn unsound(fcinfo: pg_sys::FunctionCallInfo) -> Result<Out, Raise> {
+    let Some(relid) = relid_arg(fcinfo, 0) else {
+        return Ok(Out::Null);
+    };
+    Ok(reason(soundness::unsound(relid)?))
+}
+
+fn decision_counts(_fcinfo: pg_sys::FunctionCallInfo) -> Result<Out, Raise> {
+    Ok(datum(stats::counts().into_datum()))
+}
+
+fn decision_coverage(_fcinfo: pg_sys::FunctionCallInfo) -> Result<Out, Raise> {
+    Ok(datum(stats::coverage().into_datum()))
 }
 
 fn truncate_trigger(_fcinfo: pg_sys::FunctionCallInfo) -> Result<Out, Raise> {
@@ -201,4 +313,13 @@ entry_points! {
     fencecheck_fence_version, pg_finfo_fencecheck_fence_version => fence_version;
     fencecheck_row_trigger, pg_finfo_fencecheck_row_trigger => row_trigger;
     fencecheck_truncate_trigger, pg_finfo_fencecheck_truncate_trigger => truncate_trigger;
+    fencecheck_inserted_trigger, pg_finfo_fencecheck_inserted_trigger => inserted_trigger;
+    fencecheck_keys_changed, pg_finfo_fencecheck_keys_changed => keys_changed;
+    fencecheck_fence_protect, pg_finfo_fencecheck_fence_protect => fence_protect;
+    fencecheck_fence_unprotect, pg_finfo_fencecheck_fence_unprotect => fence_unprotect;
+    fencecheck_decision_counts, pg_finfo_fencecheck_decision_counts => decision_counts;
+    fencecheck_decision_coverage, pg_finfo_fencecheck_decision_coverage => decision_coverage;
+    fencecheck_unfit, pg_finfo_fencecheck_unfit => unfit;
+    fencecheck_trigger_trouble, pg_finfo_fencecheck_trigger_trouble => trigger_trouble;
+    fencecheck_unsound, pg_finfo_fencecheck_unsound => unsound;
 }

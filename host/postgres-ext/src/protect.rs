@@ -1,4 +1,5 @@
-//! Fenced tables: the row trigger `fence_protect` installs.
+//! Fenced tables: the triggers `fence_protect` installs, and the entry
+//! points of `fence_protect` and `fence_unprotect`.
 //!
 //! Every INSERT, UPDATE and DELETE of a protected row must present a token
 //! the component applies against the row's own state; the trigger then
@@ -6,62 +7,58 @@
 //!
 //! - **INSERT** must set the token column; the state column must be NULL
 //!   (only the trigger writes it). A scope deleted before is decided
-//!   against its tombstone, so deleting a row never resets its fence.
+//!   against its tombstone, so deleting a row never resets its fence; the
+//!   tombstone goes away only in the AFTER INSERT trigger, with the row
+//!   that replaces it (an INSERT PostgreSQL skips keeps it).
 //! - **UPDATE** must name the token column in its SET list (PostgreSQL's
 //!   `tg_updatedcols`), so an UPDATE that does not present a token is
 //!   refused, and re-presenting the stored token is `stale-fence` under
 //!   `strict`. It may not write the state column nor change the scope.
-//! - **DELETE** carries no new row, so it presents its token in the
-//!   transaction-local setting `fencecheck.token`; the final state becomes
-//!   the scope's tombstone in `fencecheck.tombstones`.
-//! - **TRUNCATE** is refused by a statement trigger (`ffi.rs`).
-//! - Guards for `allow-equal` (and op-ids under either policy) come from the
-//!   settings `fencecheck.op_id` and `fencecheck.expected_version`.
+//! - **DELETE** carries no new row, so it presents its token in the setting
+//!   `fencecheck.token`, set in the same transaction (`settings.rs`); the
+//!   final state becomes the scope's tombstone in `fencecheck.tombstones`.
+//! - **TRUNCATE** is refused by a statement trigger.
+//! - The token column keeps the token without its signature: what a reader
+//!   sees is never a credential.
+//! - Before reading a row, the trigger checks that its table is one
+//!   `fence_protect` registered and is sound now (`registry.rs`), and on
+//!   every firing that the columns have the types it reads them as.
 //!
-//! The tombstone table is readable and writable only by the extension's
-//! owner: the trigger switches to that role just for its two statements, so
-//! no writer can erase a tombstone to resurrect a scope below its mark.
+//! The tombstone and key tables are readable and writable only by the
+//! extension's owner: the triggers switch to that role just for their
+//! statements on them.
 #![allow(unsafe_code)]
 
 use std::ffi::{CStr, c_int};
 
 use pgrx::pg_sys;
 use pgrx::prelude::*;
-use pgrx::spi::Spi;
 use pgrx::{FromDatum, IntoDatum};
 
 use crate::calls::{self, Args};
+use crate::registry::{self, Fenced, as_owner};
+use crate::settings::{self, Presented, Value};
 use crate::sqlstate::{Raise, SqlState};
-use fencecheck::GrantKey;
+use crate::stats::{self, Operation};
+use fencecheck::{Decision, TokenText};
+
+use crate::soundness::{INSERTED_TRIGGER, ROW_TRIGGER};
 
 fn required(detail: impl std::fmt::Display) -> Raise {
     Raise::new(SqlState::FenceRequired, detail)
 }
 
-fn misconfigured(detail: impl std::fmt::Display) -> Raise {
-    Raise::new(
-        SqlState::InvalidArgument,
-        format!("fencecheck_row_trigger: {detail}"),
-    )
-}
-
-/// A transaction's fencing settings (`SET LOCAL fencecheck.token = …`);
-/// unset and empty are the same: absent.
-fn setting(name: &CStr) -> Option<&'static [u8]> {
-    // SAFETY: missing_ok = true returns NULL for a setting never made; the
-    // string lives in GUC memory until the setting changes, which cannot
-    // happen during this trigger call.
-    let value = unsafe { pg_sys::GetConfigOption(name.as_ptr(), true, false) };
-    if value.is_null() {
-        return None;
+/// A presented guard setting: a value set in an earlier transaction counts
+/// as none (it only ever makes an equal token refused).
+fn guard(which: Presented) -> Option<&'static [u8]> {
+    match settings::presented(which) {
+        Value::Current(v) => Some(v),
+        Value::Absent | Value::Stale => None,
     }
-    // SAFETY: a NUL-terminated string from PostgreSQL.
-    let bytes = unsafe { CStr::from_ptr(value) }.to_bytes();
-    (!bytes.is_empty()).then_some(bytes)
 }
 
 fn expected_version() -> Result<Option<i64>, Raise> {
-    let Some(text) = setting(c"fencecheck.expected_version") else {
+    let Some(text) = guard(Presented::ExpectedVersion) else {
         return Ok(None);
     };
     std::str::from_utf8(text)
@@ -76,21 +73,11 @@ fn expected_version() -> Result<Option<i64>, Raise> {
         })
 }
 
-/// One protected table's trigger arguments, resolved against its tuple
-/// descriptor.
-struct Columns<'a> {
-    scope: c_int,
-    token: c_int,
-    state: c_int,
-    token_name: &'a str,
-    state_name: &'a str,
-    policy: &'a [u8],
-}
-
 /// A column's value as bytes (text, varchar, bytea), detoasted.
 ///
 /// # Safety
-/// `tuple` and `desc` must belong together; `attnum` must be a column of it.
+/// `tuple` and `desc` must belong together, and `attnum` must be a column
+/// of a varlena type ([`Fenced::check_types`] checked it).
 unsafe fn value<'a>(
     tuple: pg_sys::HeapTuple,
     desc: pg_sys::TupleDesc,
@@ -104,269 +91,396 @@ unsafe fn value<'a>(
     }
 }
 
-/// Replace one column of `tuple`.
+/// `tuple` with its state column replaced, and its token column too when
+/// the presented token was signed (stored without the signature).
 ///
 /// # Safety
 /// As [`value`].
 unsafe fn with_state(
     tuple: pg_sys::HeapTuple,
     desc: pg_sys::TupleDesc,
-    attnum: c_int,
+    fenced: &Fenced,
     state: &[u8],
+    unsigned_token: Option<&str>,
 ) -> Result<pg_sys::Datum, Raise> {
-    let mut datum = state
-        .into_datum()
-        .ok_or_else(|| Raise::new(SqlState::RuntimeError, "the new state has no datum"))?;
-    let mut is_null = false;
-    let mut column = attnum;
-    // SAFETY: one replaced column; PostgreSQL copies the returned tuple.
+    let datum = |d: Option<pg_sys::Datum>| {
+        d.ok_or_else(|| Raise::new(SqlState::RuntimeError, "a value has no datum"))
+    };
+    let mut columns = vec![fenced.state];
+    let mut values = vec![datum(state.into_datum())?];
+    if let Some(token) = unsigned_token {
+        columns.push(fenced.token);
+        values.push(datum(token.into_datum())?);
+    }
+    let mut nulls = vec![false; columns.len()];
+    // SAFETY: columns of this descriptor, one value and flag each;
+    // PostgreSQL copies the returned tuple.
     let tuple = unsafe {
-        pg_sys::heap_modify_tuple_by_cols(tuple, desc, 1, &mut column, &mut datum, &mut is_null)
+        pg_sys::heap_modify_tuple_by_cols(
+            tuple,
+            desc,
+            columns.len() as c_int,
+            columns.as_mut_ptr(),
+            values.as_mut_ptr(),
+            nulls.as_mut_ptr(),
+        )
     };
     Ok(pg_sys::Datum::from(tuple))
 }
 
-/// The trigger `fence_protect` installs (BEFORE INSERT OR UPDATE OR DELETE,
-/// FOR EACH ROW, arguments: scope column, token column, state column,
-/// policy).
+/// A fenced-table trigger's firing, checked: its name, its table as sound,
+/// and its columns' types.
+struct Firing<'a> {
+    data: &'a pg_sys::TriggerData,
+    event: pgrx::trigger_support::TriggerEvent,
+    relid: pg_sys::Oid,
+    desc: pg_sys::TupleDesc,
+    fenced: Fenced,
+    /// The token and state columns' names, for messages.
+    token_name: &'a str,
+    state_name: &'a str,
+}
+
+/// # Safety
+/// `fcinfo` must be the one PostgreSQL passed to a trigger function.
+unsafe fn firing<'a>(fcinfo: pg_sys::FunctionCallInfo, name: &str) -> Result<Firing<'a>, Raise> {
+    // SAFETY: PostgreSQL's fcinfo; `from_fcinfo` checks it is a trigger call.
+    let trigger = unsafe { PgTrigger::from_fcinfo(&*fcinfo) }
+        .map_err(|e| registry::unsound(format!("not called as a trigger: {e}")))?;
+    let trig = trigger.trigger();
+    let relid = trigger
+        .relid()
+        .map_err(|e| registry::unsound(format!("no relation: {e}")))?;
+    let nargs = usize::try_from(trig.tgnargs).unwrap_or(0);
+    if nargs != 4 || trig.tgargs.is_null() {
+        return Err(registry::unsound("the trigger does not take 4 arguments"));
+    }
+    let mut args: Vec<&'a str> = Vec::with_capacity(nargs);
+    for i in 0..nargs {
+        // SAFETY: tgargs holds tgnargs NUL-terminated strings, which live
+        // in the relation's trigger descriptor while the trigger fires.
+        let arg = unsafe { CStr::from_ptr(*trig.tgargs.add(i)) };
+        args.push(
+            arg.to_str()
+                .map_err(|_| registry::unsound("an argument is not UTF-8"))?,
+        );
+    }
+    let data = trigger.trigger_data();
+    // SAFETY: a trigger's relation is open and locked while it fires.
+    let desc = unsafe { (*data.tg_relation).rd_att };
+    // SAFETY: desc is relid's descriptor.
+    let fenced = unsafe { registry::fenced(relid, desc, &args)? };
+    // The table is sound, so its trigger of this name is the one
+    // fence_protect made with these arguments: the firing must be it.
+    // SAFETY: tgname is the fired trigger's NUL-terminated name.
+    let fired = unsafe { CStr::from_ptr(trig.tgname) };
+    if fired.to_bytes() != name.as_bytes() {
+        return Err(registry::unsound(format!(
+            "trigger {:?} is not one fence_protect made",
+            fired.to_string_lossy()
+        )));
+    }
+    // SAFETY: as above.
+    unsafe { fenced.check_types(desc)? };
+    Ok(Firing {
+        data,
+        event: trigger.event(),
+        relid,
+        desc,
+        fenced,
+        token_name: args[1],
+        state_name: args[2],
+    })
+}
+
+/// The trigger `fence_protect` installs as `zz_fencecheck_row` (BEFORE
+/// INSERT OR UPDATE OR DELETE, FOR EACH ROW; arguments: scope column, token
+/// column, state column, policy).
 ///
 /// # Safety
 /// `fcinfo` must be the one PostgreSQL passed to the trigger function.
 pub(crate) unsafe fn row_trigger(fcinfo: pg_sys::FunctionCallInfo) -> Result<pg_sys::Datum, Raise> {
-    // SAFETY: PostgreSQL's fcinfo; `from_fcinfo` checks it is a trigger call.
-    let trigger = unsafe { PgTrigger::from_fcinfo(&*fcinfo) }
-        .map_err(|e| misconfigured(format!("not called as a trigger: {e}")))?;
-    let event = trigger.event();
-    if !(event.fired_before() && event.fired_for_row()) {
-        return Err(misconfigured("must fire BEFORE … FOR EACH ROW"));
+    // SAFETY: per the caller.
+    let f = unsafe { firing(fcinfo, ROW_TRIGGER)? };
+    if !(f.event.fired_before() && f.event.fired_for_row()) {
+        return Err(registry::unsound("must fire BEFORE … FOR EACH ROW"));
     }
-    let data = trigger.trigger_data();
-    let trig = trigger.trigger();
-    if trig.tgnargs != 4 || trig.tgargs.is_null() {
-        return Err(misconfigured("expects 4 arguments"));
-    }
-    // SAFETY: tgargs holds tgnargs NUL-terminated strings.
-    let arg = |i: usize| -> Result<&str, Raise> {
-        unsafe { CStr::from_ptr(*trig.tgargs.add(i)) }
-            .to_str()
-            .map_err(|_| misconfigured("an argument is not UTF-8"))
+    let operation = if f.event.fired_by_insert() {
+        Operation::Insert
+    } else if f.event.fired_by_update() {
+        Operation::Update
+    } else if f.event.fired_by_delete() {
+        Operation::Delete
+    } else {
+        return Err(registry::unsound("fired by an unexpected event"));
     };
-    // SAFETY: a trigger's relation is open and locked while it fires.
-    let desc = unsafe { (*data.tg_relation).rd_att };
-    let attnum = |i: usize| -> Result<c_int, Raise> {
-        let name = arg(i)?;
-        let c = std::ffi::CString::new(name).map_err(|_| misconfigured("bad column name"))?;
-        // SAFETY: a valid descriptor and NUL-terminated name.
-        let n = unsafe { pg_sys::SPI_fnumber(desc, c.as_ptr()) };
-        if n <= 0 {
-            return Err(misconfigured(format!("no column {name:?}")));
-        }
-        Ok(n)
-    };
-    let cols = Columns {
-        scope: attnum(0)?,
-        token: attnum(1)?,
-        state: attnum(2)?,
-        token_name: arg(1)?,
-        state_name: arg(2)?,
-        policy: arg(3)?.as_bytes(),
-    };
-    let relid = trigger
-        .relid()
-        .map_err(|e| misconfigured(format!("no relation: {e}")))?;
-    let op_id = setting(c"fencecheck.op_id");
-    let expected_version = expected_version()?;
-    let args = |scope, token| Args {
-        scope,
-        token,
-        policy: Some(cols.policy),
-        op_id,
-        expected_version,
-    };
-
-    if event.fired_by_insert() {
-        let new = data.tg_trigtuple;
-        // SAFETY: the new row of this relation, and its columns.
-        let (scope, token, state) = unsafe {
-            (
-                value(new, desc, cols.scope),
-                value(new, desc, cols.token),
-                value(new, desc, cols.state),
-            )
-        };
-        if state.is_some() {
-            return Err(required(format!(
-                "{} is written by fencecheck only: insert it as NULL",
-                cols.state_name
-            )));
-        }
-        let token = token.ok_or_else(|| {
-            required(format!(
-                "an INSERT into a fenced table must set {} to the writer's token",
-                cols.token_name
-            ))
-        })?;
-        let scope_text = calls::text("scope", scope)?;
-        let mark = take_mark(relid, scope_text)?;
-        let keys = scope_keys(scope_text)?;
-        let decision = calls::decide(mark.as_deref(), &args(scope, Some(token)), keys.as_deref())?;
-        let state = calls::applied(decision)?;
-        drop_mark(relid, scope_text)?;
-        // SAFETY: as above.
-        return unsafe { with_state(new, desc, cols.state, &state) };
-    }
-
-    if event.fired_by_update() {
-        let (old, new) = (data.tg_trigtuple, data.tg_newtuple);
-        // SAFETY: the old and new versions of a row of this relation.
-        let (old_scope, old_state, new_scope, new_state, token) = unsafe {
-            (
-                value(old, desc, cols.scope),
-                value(old, desc, cols.state),
-                value(new, desc, cols.scope),
-                value(new, desc, cols.state),
-                value(new, desc, cols.token),
-            )
-        };
-        if old_scope != new_scope {
-            return Err(required("a fenced row cannot move to another scope"));
-        }
-        if old_state != new_state {
-            return Err(required(format!(
-                "{} is written by fencecheck only",
-                cols.state_name
-            )));
-        }
-        // SAFETY: tg_updatedcols is the SET list's column set (PostgreSQL
-        // 13+), offset by FirstLowInvalidHeapAttributeNumber.
-        let presented = unsafe {
-            pg_sys::bms_is_member(
-                cols.token - pg_sys::FirstLowInvalidHeapAttributeNumber,
-                data.tg_updatedcols,
-            )
-        };
-        let token = token.filter(|_| presented).ok_or_else(|| {
-            required(format!(
-                "an UPDATE of a fenced table must SET {} to the writer's token",
-                cols.token_name
-            ))
-        })?;
-        let keys = scope_keys(calls::text("scope", old_scope)?)?;
-        let decision = calls::decide(old_state, &args(old_scope, Some(token)), keys.as_deref())?;
-        let state = calls::applied(decision)?;
-        // SAFETY: as above.
-        return unsafe { with_state(new, desc, cols.state, &state) };
-    }
-
-    if event.fired_by_delete() {
-        let old = data.tg_trigtuple;
-        // SAFETY: the deleted row of this relation.
-        let (scope, state) =
-            unsafe { (value(old, desc, cols.scope), value(old, desc, cols.state)) };
-        let token = setting(c"fencecheck.token").ok_or_else(|| {
-            required(
-                "a DELETE from a fenced table must present a token: SET LOCAL fencecheck.token = '…' first",
-            )
-        })?;
-        let scope_text = calls::text("scope", scope)?;
-        let keys = scope_keys(scope_text)?;
-        let state = calls::applied(calls::decide(
-            state,
-            &args(scope, Some(token)),
-            keys.as_deref(),
-        )?)?;
-        keep_mark(relid, scope_text, &state)?;
-        return Ok(pg_sys::Datum::from(old));
-    }
-
-    Err(misconfigured("fired by an unexpected event"))
+    // SAFETY: the firing's own tuples and descriptor, types checked.
+    let result = unsafe { row_write(&f, operation) };
+    stats::count_result(operation, &result);
+    result
 }
 
-/// Runs `f` as the owner of schema `fencecheck` (the extension's owner),
-/// then switches back, also when `f` unwinds.
-fn as_owner<T>(
-    f: impl FnOnce(&mut pgrx::spi::SpiClient<'_>) -> Result<T, Raise>,
-) -> Result<T, Raise> {
-    Spi::connect_mut(|client| {
-        let owner = client
-            .select(
-                "SELECT nspowner FROM pg_catalog.pg_namespace \
-                 WHERE nspname OPERATOR(pg_catalog.=) 'fencecheck'",
-                Some(1),
-                &[],
-            )
-            .and_then(|rows| rows.first().get_one::<pg_sys::Oid>())
-            .map_err(|e| Raise::new(SqlState::RuntimeError, e))?
-            .ok_or_else(|| Raise::new(SqlState::RuntimeError, "schema fencecheck is missing"))?;
-        struct Restore(pg_sys::Oid, c_int);
-        impl Drop for Restore {
-            fn drop(&mut self) {
-                // SAFETY: restores what GetUserIdAndSecContext returned.
-                unsafe { pg_sys::SetUserIdAndSecContext(self.0, self.1) }
-            }
+/// # Safety
+/// As [`row_trigger`], for the checked firing `f`.
+unsafe fn row_write(f: &Firing<'_>, operation: Operation) -> Result<pg_sys::Datum, Raise> {
+    let (desc, fenced) = (f.desc, &f.fenced);
+    let op_id = guard(Presented::OpId);
+    let expected_version = expected_version()?;
+    // The decision, logged if stale, and the new state if applied; the
+    // token text to store instead of a signed one.
+    let decide = |state: Option<&[u8]>, scope: Option<&[u8]>, token: &[u8], keys| {
+        let request = Args {
+            scope,
+            token: Some(token),
+            policy: Some(fenced.policy()),
+            op_id,
+            expected_version,
         }
-        let mut user = pg_sys::Oid::INVALID;
-        let mut context: c_int = 0;
-        // SAFETY: plain reads and a transient, restored switch (PostgreSQL
-        // also restores it if the transaction aborts).
-        unsafe {
-            pg_sys::GetUserIdAndSecContext(&mut user, &mut context);
-            pg_sys::SetUserIdAndSecContext(
-                owner,
-                context
-                    | pg_sys::SECURITY_LOCAL_USERID_CHANGE as c_int
-                    | pg_sys::SECURITY_RESTRICTED_OPERATION as c_int,
+        .request()?;
+        let decision = calls::decide_request(state, &request, keys)?;
+        if let Decision::StaleFence { presented, highest } = &decision {
+            stats::log_stale(
+                operation,
+                Some(f.relid),
+                scope.unwrap_or_default(),
+                *presented,
+                *highest,
             );
         }
-        let _restore = Restore(user, context);
-        f(client)
+        let unsigned = request
+            .signature
+            .is_some()
+            .then(|| TokenText(request.token).to_string());
+        Ok::<_, Raise>((calls::applied(decision)?, unsigned))
+    };
+
+    match operation {
+        Operation::Insert => {
+            let new = f.data.tg_trigtuple;
+            // SAFETY: the new row of this relation, and its checked columns.
+            let (scope, token, state) = unsafe {
+                (
+                    value(new, desc, fenced.scope),
+                    value(new, desc, fenced.token),
+                    value(new, desc, fenced.state),
+                )
+            };
+            if state.is_some() {
+                return Err(required(format!(
+                    "{} is written by fencecheck only: insert it as NULL",
+                    f.state_name
+                )));
+            }
+            let token = token.ok_or_else(|| {
+                required(format!(
+                    "an INSERT into a fenced table must set {} to the writer's token",
+                    f.token_name
+                ))
+            })?;
+            let scope_text = calls::text("scope", scope)?;
+            let mark = take_mark(fenced.owner, f.relid, scope_text)?;
+            let keys = registry::scope_keys(scope_text)?;
+            let (state, unsigned) = decide(mark.as_deref(), scope, token, keys.as_deref())?;
+            // SAFETY: as above.
+            unsafe { with_state(new, desc, fenced, &state, unsigned.as_deref()) }
+        }
+        Operation::Update => {
+            let (old, new) = (f.data.tg_trigtuple, f.data.tg_newtuple);
+            // SAFETY: the old and new versions of a row of this relation.
+            let (old_scope, old_state, new_scope, new_state, token) = unsafe {
+                (
+                    value(old, desc, fenced.scope),
+                    value(old, desc, fenced.state),
+                    value(new, desc, fenced.scope),
+                    value(new, desc, fenced.state),
+                    value(new, desc, fenced.token),
+                )
+            };
+            if old_scope != new_scope {
+                return Err(required("a fenced row cannot move to another scope"));
+            }
+            if old_state != new_state {
+                return Err(required(format!(
+                    "{} is written by fencecheck only",
+                    f.state_name
+                )));
+            }
+            // SAFETY: tg_updatedcols is the SET list's column set (PostgreSQL
+            // 13+), offset by FirstLowInvalidHeapAttributeNumber.
+            let presented = unsafe {
+                pg_sys::bms_is_member(
+                    fenced.token - pg_sys::FirstLowInvalidHeapAttributeNumber,
+                    f.data.tg_updatedcols,
+                )
+            };
+            let token = token.filter(|_| presented).ok_or_else(|| {
+                required(format!(
+                    "an UPDATE of a fenced table must SET {} to the writer's token",
+                    f.token_name
+                ))
+            })?;
+            let keys = registry::scope_keys(calls::text("scope", old_scope)?)?;
+            let (state, unsigned) = decide(old_state, old_scope, token, keys.as_deref())?;
+            // SAFETY: as above.
+            unsafe { with_state(new, desc, fenced, &state, unsigned.as_deref()) }
+        }
+        Operation::Delete => {
+            let old = f.data.tg_trigtuple;
+            // SAFETY: the deleted row of this relation.
+            let (scope, state) = unsafe {
+                (
+                    value(old, desc, fenced.scope),
+                    value(old, desc, fenced.state),
+                )
+            };
+            let token = match settings::presented(Presented::Token) {
+                Value::Current(token) => token,
+                Value::Absent => {
+                    return Err(required(
+                        "a DELETE from a fenced table must present a token: SET LOCAL fencecheck.token = '…' in its transaction",
+                    ));
+                }
+                Value::Stale => {
+                    return Err(required(
+                        "fencecheck.token was not set in this transaction (a session-level SET outlives the transaction it was meant for): SET LOCAL fencecheck.token = '…' in the DELETE's transaction",
+                    ));
+                }
+            };
+            let scope_text = calls::text("scope", scope)?;
+            let keys = registry::scope_keys(scope_text)?;
+            let (state, _) = decide(state, scope, token, keys.as_deref())?;
+            keep_mark(fenced.owner, f.relid, scope_text, &state)?;
+            Ok(pg_sys::Datum::from(old))
+        }
+        Operation::FenceCheck | Operation::FenceNext => {
+            Err(registry::unsound("fired by an unexpected event"))
+        }
+    }
+}
+
+/// The trigger `fence_protect` installs as `fencecheck_inserted` (AFTER
+/// INSERT, FOR EACH ROW, the row trigger's arguments): the inserted row now
+/// holds its scope's state, so the tombstone (or the slot the INSERT
+/// locked) goes.
+///
+/// # Safety
+/// `fcinfo` must be the one PostgreSQL passed to the trigger function.
+pub(crate) unsafe fn inserted_trigger(
+    fcinfo: pg_sys::FunctionCallInfo,
+) -> Result<pg_sys::Datum, Raise> {
+    // SAFETY: per the caller.
+    let f = unsafe { firing(fcinfo, INSERTED_TRIGGER)? };
+    if !(f.event.fired_after() && f.event.fired_for_row() && f.event.fired_by_insert()) {
+        return Err(registry::unsound("must fire AFTER INSERT … FOR EACH ROW"));
+    }
+    // SAFETY: the inserted row of this relation, its scope column checked.
+    let scope = unsafe { value(f.data.tg_trigtuple, f.desc, f.fenced.scope) };
+    drop_mark(f.fenced.owner, f.relid, calls::text("scope", scope)?)?;
+    Ok(pg_sys::Datum::from(0))
+}
+
+/// `fence_protect(tbl, scope_column, token_column, state_column, policy)`:
+/// `fencecheck.protect` (sql/protect.sql) runs as the extension's owner for
+/// the calling role, which it checks owns the table: only the owner (or a
+/// superuser) may change how a table is fenced.
+pub(crate) fn fence_protect(
+    tbl: Option<pg_sys::Oid>,
+    columns: [Option<&str>; 3],
+    policy: Option<&str>,
+) -> Result<(), Raise> {
+    // SAFETY: the current user, as PostgreSQL's own permission checks read it.
+    let caller = unsafe { pg_sys::GetUserId() };
+    let [scope, token, state] = columns;
+    refusal(as_owner(crate::soundness::extension_owner()?, |client| {
+        client
+            .update(
+                "SELECT fencecheck.protect($1::pg_catalog.oid::pg_catalog.regclass, $2, $3, $4, $5, $6)",
+                None,
+                &[
+                    tbl.into(),
+                    scope.into(),
+                    token.into(),
+                    state.into(),
+                    policy.into(),
+                    caller.into(),
+                ],
+            )
+            .and_then(|rows| rows.first().get_one::<String>())
+            .map_err(|e| Raise::new(SqlState::RuntimeError, e))
+    })?)
+}
+
+/// `fencecheck.protect`'s answer: NULL, or a refusal as 'SQLSTATE message'.
+fn refusal(answer: Option<String>) -> Result<(), Raise> {
+    let Some(answer) = answer else {
+        return Ok(());
+    };
+    let (code, message) = answer.split_at(answer.find(' ').unwrap_or(0));
+    Err(match SqlState::from_code(code) {
+        Some(state) => Raise {
+            state,
+            message: message.trim_start().to_string(),
+            hint: None,
+        },
+        None => Raise::new(SqlState::RuntimeError, answer),
     })
 }
 
-/// The keys `scope` requires signed tokens with: those of the longest
-/// `fencecheck.keys` prefix that starts it (as `host/postgres/keys.sql` and
-/// `host/sqlite/keys.sql` choose), `None` if no prefix does. Read as the
-/// extension's owner: writers never see a secret.
-fn scope_keys(scope: &str) -> Result<Option<Vec<GrantKey>>, Raise> {
-    let rows = as_owner(|client| {
-        let table = client
-            .select(
-                "SELECT key_id, secret FROM fencecheck.keys \
-                 WHERE scope_prefix OPERATOR(pg_catalog.=) ( \
-                     SELECT scope_prefix FROM fencecheck.keys \
-                      WHERE pg_catalog.starts_with($1, scope_prefix) \
-                      ORDER BY pg_catalog.length(scope_prefix) DESC LIMIT 1) \
-                 ORDER BY key_id",
+/// `fence_unprotect(tbl)`, as [`fence_protect`].
+pub(crate) fn fence_unprotect(tbl: Option<pg_sys::Oid>) -> Result<(), Raise> {
+    // SAFETY: as in fence_protect.
+    let caller = unsafe { pg_sys::GetUserId() };
+    refusal(as_owner(crate::soundness::extension_owner()?, |client| {
+        client
+            .update(
+                "SELECT fencecheck.unprotect($1::pg_catalog.oid::pg_catalog.regclass, $2)",
                 None,
-                &[scope.into()],
+                &[tbl.into(), caller.into()],
             )
-            .map_err(|e| Raise::new(SqlState::RuntimeError, e))?;
-        let mut keys = Vec::new();
-        for row in table {
-            let id = row
-                .get::<i64>(1)
-                .map_err(|e| Raise::new(SqlState::RuntimeError, e))?;
-            let secret = row
-                .get::<Vec<u8>>(2)
-                .map_err(|e| Raise::new(SqlState::RuntimeError, e))?;
-            let (Some(id), Some(secret)) = (id, secret) else {
-                return Err(misconfigured("fencecheck.keys holds a NULL"));
-            };
-            let key_id = u32::try_from(id)
-                .map_err(|_| misconfigured(format!("fencecheck.keys: key id {id} is not a u32")))?;
-            keys.push(GrantKey { key_id, secret });
-        }
-        Ok(keys)
-    })?;
-    Ok((!rows.is_empty()).then_some(rows))
+            .and_then(|rows| rows.first().get_one::<String>())
+            .map_err(|e| Raise::new(SqlState::RuntimeError, e))
+    })?)
+}
+
+/// The statement trigger on `fencecheck.keys`: every backend drops its
+/// copy of the keys (a relcache invalidation of the table, sent at commit),
+/// and the change waits for the fenced writes in flight while new ones
+/// wait for it (SHARE ROW EXCLUSIVE on every fenced table, in one order):
+/// no write commits after the change decided by the keys before it.
+///
+/// # Safety
+/// `fcinfo` must be the one PostgreSQL passed to the trigger function.
+pub(crate) unsafe fn keys_changed(
+    fcinfo: pg_sys::FunctionCallInfo,
+) -> Result<pg_sys::Datum, Raise> {
+    // SAFETY: PostgreSQL's fcinfo; `from_fcinfo` checks it is a trigger call.
+    let trigger = unsafe { PgTrigger::from_fcinfo(&*fcinfo) }
+        .map_err(|e| registry::unsound(format!("not called as a trigger: {e}")))?;
+    let relid = trigger
+        .relid()
+        .map_err(|e| registry::unsound(format!("no relation: {e}")))?;
+    pgrx::spi::Spi::run(
+        "DO $lock$ DECLARE r pg_catalog.regclass; BEGIN \
+           FOR r IN SELECT relid FROM fencecheck.protected ORDER BY relid::pg_catalog.oid LOOP \
+             EXECUTE pg_catalog.format('LOCK TABLE %s IN SHARE ROW EXCLUSIVE MODE', r); \
+           END LOOP; END $lock$",
+    )
+    .map_err(|e| Raise::new(SqlState::RuntimeError, e))?;
+    // SAFETY: queues an invalidation of this relation for commit.
+    unsafe { pg_sys::CacheInvalidateRelcacheByRelid(relid) };
+    Ok(pg_sys::Datum::from(0))
 }
 
 /// Lock the scope's tombstone slot and return its state. The upsert waits
 /// for a concurrent DELETE of the scope to finish and then sees its
 /// tombstone (READ COMMITTED), or fails with a serialization error
 /// (REPEATABLE READ, SERIALIZABLE): never decides without it.
-fn take_mark(relid: pg_sys::Oid, scope: &str) -> Result<Option<Vec<u8>>, Raise> {
-    as_owner(|client| {
+fn take_mark(
+    owner: pg_sys::Oid,
+    relid: pg_sys::Oid,
+    scope: &str,
+) -> Result<Option<Vec<u8>>, Raise> {
+    as_owner(owner, |client| {
         client
             .update(
                 "INSERT INTO fencecheck.tombstones AS t (relid, scope) \
@@ -382,8 +496,8 @@ fn take_mark(relid: pg_sys::Oid, scope: &str) -> Result<Option<Vec<u8>>, Raise> 
 }
 
 /// The scope's row exists again: its state is in the row, not here.
-fn drop_mark(relid: pg_sys::Oid, scope: &str) -> Result<(), Raise> {
-    as_owner(|client| {
+fn drop_mark(owner: pg_sys::Oid, relid: pg_sys::Oid, scope: &str) -> Result<(), Raise> {
+    as_owner(owner, |client| {
         client
             .update(
                 "DELETE FROM fencecheck.tombstones \
@@ -398,8 +512,13 @@ fn drop_mark(relid: pg_sys::Oid, scope: &str) -> Result<(), Raise> {
 }
 
 /// The row is going: its final state stays as the scope's tombstone.
-fn keep_mark(relid: pg_sys::Oid, scope: &str, state: &[u8]) -> Result<(), Raise> {
-    as_owner(|client| {
+fn keep_mark(
+    owner: pg_sys::Oid,
+    relid: pg_sys::Oid,
+    scope: &str,
+    state: &[u8],
+) -> Result<(), Raise> {
+    as_owner(owner, |client| {
         client
             .update(
                 "INSERT INTO fencecheck.tombstones (relid, scope, fence_state) \

@@ -58,8 +58,9 @@ pub(crate) enum SqlState {
     ForeignAuthority,
     /// `5F010` the scope's version counter would overflow.
     Exhausted,
-    /// `5F011` a write to a fenced table that presents no token, writes the
-    /// state column, moves a row to another scope, or truncates.
+    /// `5F011` a write to a fenced table that presents no token (or one set
+    /// in an earlier transaction), writes the state column, moves a row to
+    /// another scope, or truncates.
     FenceRequired,
     /// `5F012` an argument of the wrong shape (NULL where a value is needed,
     /// unknown policy, negative version, bad `fence_protect` target).
@@ -73,6 +74,13 @@ pub(crate) enum SqlState {
     /// `5F015` the keys configured for the scope are unusable (no key, a
     /// secret outside 16-64 bytes, an id twice): fix the configuration.
     InvalidKeys,
+    /// `5F016` a fenced table is not fenced soundly (a trigger, column,
+    /// key or inheritance that would open a path around the fence), or DDL
+    /// would make it so: writes fail closed until its owner fixes it.
+    UnsoundFence,
+    /// `42501` PostgreSQL's insufficient_privilege: a role that does not own
+    /// a fenced table tried to change how it is fenced.
+    InsufficientPrivilege,
     /// `5F900` the component could not decide: it trapped, or the runtime
     /// failed. Nothing changed; not a fencing outcome.
     RuntimeError,
@@ -97,6 +105,8 @@ impl SqlState {
             SqlState::TooLarge => "5F013",
             SqlState::Unauthenticated => "5F014",
             SqlState::InvalidKeys => "5F015",
+            SqlState::UnsoundFence => "5F016",
+            SqlState::InsufficientPrivilege => "42501",
             SqlState::RuntimeError => "5F900",
         }
     }
@@ -121,6 +131,8 @@ impl SqlState {
             SqlState::TooLarge => "too-large",
             SqlState::Unauthenticated => "unauthenticated",
             SqlState::InvalidKeys => "invalid-keys",
+            SqlState::UnsoundFence => "unsound-fence",
+            SqlState::InsufficientPrivilege => "insufficient-privilege",
             SqlState::RuntimeError => "runtime-error",
         }
     }
@@ -130,6 +142,34 @@ impl SqlState {
         self.code().bytes().enumerate().fold(0, |acc, (i, c)| {
             acc | ((i32::from(c.wrapping_sub(b'0')) & 0x3F) << (6 * i))
         })
+    }
+
+    /// The state of a five-character SQLSTATE this extension raises, if it
+    /// is one.
+    pub(crate) fn from_code(code: &str) -> Option<Self> {
+        use SqlState as S;
+        [
+            S::StaleFence,
+            S::VersionConflict,
+            S::Duplicate,
+            S::InvalidToken,
+            S::InvalidRequest,
+            S::CorruptState,
+            S::UnsupportedStateVersion,
+            S::ScopeMismatch,
+            S::ForeignAuthority,
+            S::Exhausted,
+            S::FenceRequired,
+            S::InvalidArgument,
+            S::TooLarge,
+            S::Unauthenticated,
+            S::InvalidKeys,
+            S::UnsoundFence,
+            S::InsufficientPrivilege,
+            S::RuntimeError,
+        ]
+        .into_iter()
+        .find(|s| s.code() == code)
     }
 
     /// The state for one of the component's check errors.

@@ -1,10 +1,8 @@
 //! Fenced tables: every path that could mutate a protected row, each
 //! either fenced or refused (README, "Fenced tables").
 
-mod common;
-
+use crate::common::{message, protected_catalog, row, server, sqlstate};
 use anyhow::{Result, ensure};
-use common::{message, protected_catalog, row, server, sqlstate};
 use postgres::Client;
 
 const JULY: &str = "report/july";

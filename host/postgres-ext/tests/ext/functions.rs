@@ -1,10 +1,8 @@
 //! fence_check, fence_next and fence_inspect against a real server: the
 //! outcomes, their SQLSTATEs, and bad inputs that must change nothing.
 
-mod common;
-
+use crate::common::{message, server, sqlstate};
 use anyhow::{Result, ensure};
-use common::{message, server, sqlstate};
 
 /// The seed's conditional UPDATE in one statement, fenced: 0.42 applies,
 /// 0.41 afterwards raises stale-fence (5F001) and changes nothing.
@@ -272,7 +270,7 @@ fn fence_version_is_the_components() -> Result<()> {
         &[],
     )?;
     let version: String = row.get(0);
-    ensure!(version == env!("CARGO_PKG_VERSION"), "{version}");
+    ensure!(version == fencecheck::WIT_VERSION, "{version}");
     ensure!(row.get::<_, String>(1) == "i" && row.get::<_, String>(2) == "s");
     Ok(())
 }

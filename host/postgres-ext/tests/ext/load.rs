@@ -3,14 +3,12 @@
 //! middle of the load. Every attempt is recorded and the history is checked
 //! per scope against what the database kept.
 
-mod common;
-
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::thread;
 
+use crate::common::{protected_catalog, server};
 use anyhow::{Context, Result, ensure};
-use common::{protected_catalog, server};
 use fencecheck::Token;
 use fencecheck_tests::history::{self, Attempt, Audited, Kept, Rng, Seen};
 use fencecheck_tests::pgserver::connect_retrying;

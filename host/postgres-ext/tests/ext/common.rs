@@ -2,9 +2,35 @@
 //! extension created, and reading SQLSTATEs.
 #![allow(dead_code)]
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
+use fencecheck::{GrantKey, Runtime, SignedTokenText, Token};
 pub use fencecheck_tests::pgserver::PgServer;
 use postgres::Client;
+
+/// The secret of key 3, the signing key of the signed-token tests.
+pub const SECRET: [u8; 32] = [0x33; 32];
+/// Key 3 as key-set text (`ID:HEX`).
+pub const KEYS: &str = "3:3333333333333333333333333333333333333333333333333333333333333333";
+
+/// The signed token text of `0.1.counter` for `scope`, signed by key 3.
+pub fn signed(scope: &str, counter: u64) -> Result<String> {
+    let token = Token::new(0, 1, counter);
+    let key = GrantKey {
+        key_id: 3,
+        secret: SECRET.to_vec(),
+    };
+    let Ok(signature) = Runtime::new()?
+        .instance()?
+        .sign(scope, token, "lease-1", &key)?
+    else {
+        bail!("signing failed");
+    };
+    Ok(SignedTokenText {
+        token,
+        signature: Some(signature),
+    }
+    .to_string())
+}
 
 /// A fresh server whose `postgres` database has `CREATE EXTENSION fencecheck`
 /// (the extension installed by scripts/install-pg-extension).

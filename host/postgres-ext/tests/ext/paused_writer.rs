@@ -3,14 +3,12 @@
 //! interleaving with channels (never sleeps), and the same story in plain
 //! SQL through psql.
 
-mod common;
-
 use std::path::PathBuf;
 use std::sync::{Arc, mpsc};
 use std::thread;
 
+use crate::common::{PgServer, protected_catalog, row, server, sqlstate};
 use anyhow::{Context, Result, bail, ensure};
-use common::{PgServer, protected_catalog, row, server, sqlstate};
 use fencecheck::TokenText;
 use fencecheck_authority::{
     AcquireResult, Client, DriftBound, Lease, ManualClock, SqliteCoordinator,

@@ -1,0 +1,151 @@
+-- fencecheck for PostgreSQL: the SQL face of host/postgres-ext.
+-- Installed by CREATE EXTENSION fencecheck (the extension's own schema,
+-- normally public, holds the fence_* functions; schema `fencecheck` holds
+-- what only the extension touches).
+
+CREATE SCHEMA fencecheck;
+GRANT USAGE ON SCHEMA fencecheck TO PUBLIC;
+
+-- The fence of every deleted row of a fenced table: a scope's state lives
+-- in its row while the row exists and here after a fenced DELETE, so a
+-- deleted scope can never be re-created below its mark. fence_state is NULL
+-- only for the moment an INSERT holds the slot locked. Owned by the
+-- extension's owner, no privileges for anyone else: the trigger switches to
+-- that role for its statements on it. `relid` is a regclass, which pg_dump
+-- writes as the table's name, so tombstones survive dump and restore.
+CREATE TABLE fencecheck.tombstones (
+    relid       pg_catalog.regclass NOT NULL,
+    scope       pg_catalog.text     NOT NULL,
+    fence_state pg_catalog.bytea,
+    PRIMARY KEY (relid, scope)
+);
+REVOKE ALL ON fencecheck.tombstones FROM PUBLIC;
+SELECT pg_catalog.pg_extension_config_dump('fencecheck.tombstones', '');
+
+-- The check, with the same names, arguments and meaning as the SQLite
+-- extension. Not STRICT: a NULL state means "no state yet", NULL op_id and
+-- expected_version mean "no guard". IMMUTABLE: the answer is a function of
+-- the arguments alone.
+CREATE FUNCTION fence_check(
+    state bytea, scope text, token text, policy text DEFAULT 'strict',
+    op_id text DEFAULT NULL, expected_version bigint DEFAULT NULL
+) RETURNS text
+AS 'MODULE_PATHNAME', 'fencecheck_fence_check'
+LANGUAGE C IMMUTABLE PARALLEL SAFE;
+COMMENT ON FUNCTION fence_check(bytea, text, text, text, text, bigint) IS
+'The decision''s name (applied, duplicate, stale-fence, version-conflict); changes nothing. Bad input raises (SQLSTATE class 5F).';
+
+CREATE FUNCTION fence_next(
+    state bytea, scope text, token text, policy text DEFAULT 'strict',
+    op_id text DEFAULT NULL, expected_version bigint DEFAULT NULL
+) RETURNS bytea
+AS 'MODULE_PATHNAME', 'fencecheck_fence_next'
+LANGUAGE C IMMUTABLE PARALLEL SAFE;
+COMMENT ON FUNCTION fence_next(bytea, text, text, text, text, bigint) IS
+'The new state when the decision is applied; raises for every other outcome (stale-fence 5F001, version-conflict 5F002, duplicate 5F003, …).';
+
+CREATE FUNCTION fence_inspect(state bytea) RETURNS jsonb
+AS 'MODULE_PATHNAME', 'fencecheck_fence_inspect'
+LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+COMMENT ON FUNCTION fence_inspect(bytea) IS
+'The decoded state as JSON (scope, authority, highest, version, window); corrupt bytes raise 5F006.';
+
+CREATE FUNCTION fence_version() RETURNS text
+AS 'MODULE_PATHNAME', 'fencecheck_fence_version'
+LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+COMMENT ON FUNCTION fence_version() IS
+'The WIT package version of the component this extension runs (the one built into it), e.g. 0.1.0.';
+
+CREATE FUNCTION fencecheck.row_trigger() RETURNS trigger
+AS 'MODULE_PATHNAME', 'fencecheck_row_trigger'
+LANGUAGE C;
+
+CREATE FUNCTION fencecheck.truncate_trigger() RETURNS trigger
+AS 'MODULE_PATHNAME', 'fencecheck_truncate_trigger'
+LANGUAGE C;
+
+-- Make every INSERT, UPDATE and DELETE of `tbl` present a token the check
+-- applies, and keep each row's state in `state_column` (README, "Fenced
+-- tables", lists each path and its test). The caller must own the table.
+CREATE FUNCTION fence_protect(
+    tbl regclass, scope_column text, token_column text, state_column text,
+    policy text DEFAULT 'strict'
+) RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+    kind "char";
+    scope_att smallint;
+    att_type oid;
+    col record;
+BEGIN
+    IF tbl IS NULL OR scope_column IS NULL OR token_column IS NULL
+       OR state_column IS NULL OR policy IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '5F012',
+            MESSAGE = 'invalid-argument: fence_protect takes no NULL argument';
+    END IF;
+    IF policy NOT IN ('strict', 'allow-equal') THEN
+        RAISE EXCEPTION USING ERRCODE = '5F012',
+            MESSAGE = format('invalid-argument: policy must be ''strict'' or ''allow-equal'', got %L', policy);
+    END IF;
+    SELECT relkind INTO kind FROM pg_class WHERE oid = tbl;
+    IF kind IS DISTINCT FROM 'r' AND kind IS DISTINCT FROM 'p' THEN
+        RAISE EXCEPTION USING ERRCODE = '5F012',
+            MESSAGE = format('invalid-argument: %s is not a table', tbl);
+    END IF;
+    IF scope_column = token_column OR scope_column = state_column OR token_column = state_column THEN
+        RAISE EXCEPTION USING ERRCODE = '5F012',
+            MESSAGE = 'invalid-argument: the scope, token and state columns must be three different columns';
+    END IF;
+    FOR col IN SELECT * FROM (VALUES
+            (scope_column, ARRAY['text'::regtype, 'varchar'::regtype], 'text or varchar'),
+            (token_column, ARRAY['text'::regtype, 'varchar'::regtype], 'text or varchar'),
+            (state_column, ARRAY['bytea'::regtype], 'bytea')) AS c(name, types, wanted)
+    LOOP
+        SELECT atttypid INTO att_type FROM pg_attribute
+         WHERE attrelid = tbl AND attname = col.name AND attnum > 0 AND NOT attisdropped;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION USING ERRCODE = '5F012',
+                MESSAGE = format('invalid-argument: %s has no column %I', tbl, col.name);
+        END IF;
+        IF NOT att_type = ANY (col.types) THEN
+            RAISE EXCEPTION USING ERRCODE = '5F012',
+                MESSAGE = format('invalid-argument: column %I must be %s, it is %s',
+                                 col.name, col.wanted, att_type::regtype);
+        END IF;
+    END LOOP;
+    SELECT attnum INTO scope_att FROM pg_attribute
+     WHERE attrelid = tbl AND attname = scope_column AND NOT attisdropped;
+    -- One row per scope: two rows of one scope would be two high-water
+    -- marks, and a stale token would pass at whichever had not seen the newer.
+    IF NOT EXISTS (
+        SELECT 1 FROM pg_index
+         WHERE indrelid = tbl AND indisunique AND indnkeyatts = 1
+           AND indkey[0] = scope_att AND indpred IS NULL AND indexprs IS NULL
+    ) THEN
+        RAISE EXCEPTION USING ERRCODE = '5F012',
+            MESSAGE = format('invalid-argument: %s needs a primary key or unique index on %I alone', tbl, scope_column),
+            HINT = 'one row per scope: two rows of one scope would be two high-water marks';
+    END IF;
+    EXECUTE format(
+        'CREATE OR REPLACE TRIGGER fencecheck_row BEFORE INSERT OR UPDATE OR DELETE ON %s '
+        'FOR EACH ROW EXECUTE FUNCTION fencecheck.row_trigger(%L, %L, %L, %L)',
+        tbl, scope_column, token_column, state_column, policy);
+    EXECUTE format(
+        'CREATE OR REPLACE TRIGGER fencecheck_truncate BEFORE TRUNCATE ON %s '
+        'FOR EACH STATEMENT EXECUTE FUNCTION fencecheck.truncate_trigger()', tbl);
+END
+$fn$;
+
+-- Remove the protection, for operators who mean to. Tombstones stay: a
+-- later fence_protect of the same table decides against them again.
+CREATE FUNCTION fence_unprotect(tbl regclass) RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+BEGIN
+    EXECUTE format('DROP TRIGGER IF EXISTS fencecheck_row ON %s', tbl);
+    EXECUTE format('DROP TRIGGER IF EXISTS fencecheck_truncate ON %s', tbl);
+END
+$fn$;

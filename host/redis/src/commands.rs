@@ -1,0 +1,823 @@
+//! The commands, on Redis's main thread: read the state key, let the
+//! component decide, and only on `applied` run the write and store the new
+//! state, all inside one command execution (so inside MULTI and scripts
+//! too). What replicas and the AOF receive is the effect, never a FENCE
+//! command: state keys (and FENCE.SET's data key) are set through the key
+//! API and replicated as `SET`/`MSET`; FENCE.DEL's and FENCE.EXEC's
+//! command runs through `RM_Call` with `!` and propagates itself, and Redis
+//! wraps a command's several effects in one MULTI/EXEC. A replica or an AOF
+//! replay needs no module.
+
+use std::collections::HashMap;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, OnceLock};
+
+use fencecheck::{
+    AcquireRequest, Checker, GrantKey, Instance, KeysText, LeaseError, ReleaseRequest,
+    RenewRequest, Request, Runtime, SignedTokenText,
+};
+use redis_module::{
+    CallOptionResp, CallOptions, CallOptionsBuilder, CallReply, CallResult, Context, ContextFlags,
+    KeyType, RedisError, RedisResult, RedisString, RedisValue, Status,
+};
+
+use crate::ffi;
+use crate::keys;
+use crate::rules::{self, Refusal, Verdict};
+
+static RUNTIME: OnceLock<Runtime> = OnceLock::new();
+static INSTANCE: Mutex<Option<Instance>> = Mutex::new(None);
+/// Load argument `TEST-CLOCK`: lease commands accept `NOW ms`. For the
+/// conformance vectors only; never load it in production.
+static TEST_CLOCK: AtomicBool = AtomicBool::new(false);
+/// `COMMAND INFO` verdicts for FENCE.EXEC, by lower-case `name` or `name|sub`.
+static ALLOWED: Mutex<Option<Verdicts>> = Mutex::new(None);
+
+/// Whether FENCE.EXEC may run a command, or the error line saying why not.
+type Verdicts = HashMap<Vec<u8>, Result<(), String>>;
+
+type Handler = fn(&Context, &[RedisString]) -> Result<RedisValue, Refusal>;
+
+/// Module load: one component runtime per server, made now, so a server
+/// that cannot run the component refuses the module instead of failing
+/// later.
+pub fn init(ctx: &Context, args: &[RedisString]) -> Status {
+    for arg in args {
+        match arg.as_slice().to_ascii_uppercase().as_slice() {
+            b"TEST-CLOCK" => TEST_CLOCK.store(true, Ordering::SeqCst),
+            other => {
+                ctx.log_warning(&format!(
+                    "fencecheck: unknown module argument {:?}",
+                    String::from_utf8_lossy(other)
+                ));
+                return Status::Err;
+            }
+        }
+    }
+    let runtime = match RUNTIME.get() {
+        Some(rt) => rt.clone(),
+        None => match Runtime::new() {
+            Ok(rt) => RUNTIME.get_or_init(|| rt).clone(),
+            Err(e) => {
+                ctx.log_warning(&format!("fencecheck: loading the component: {e}"));
+                return Status::Err;
+            }
+        },
+    };
+    match runtime.instance() {
+        Ok(instance) => match INSTANCE.lock() {
+            Ok(mut slot) => *slot = Some(instance),
+            Err(_) => return Status::Err,
+        },
+        Err(e) => {
+            ctx.log_warning(&format!("fencecheck: instantiating the component: {e}"));
+            return Status::Err;
+        }
+    }
+    ctx.log_notice(&format!(
+        "fencecheck: component fencecheck:fence@{} loaded",
+        runtime.component_version()
+    ));
+    Status::Ok
+}
+
+/// Run a handler: no panic reaches Redis (it would abort the server).
+fn guarded(ctx: &Context, args: &[RedisString], handler: Handler) -> RedisResult {
+    match catch_unwind(AssertUnwindSafe(|| handler(ctx, args))) {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(Refusal(line))) => Err(RedisError::String(line)),
+        Err(_) => Err(RedisError::Str("FENCERUNTIME internal error")),
+    }
+}
+
+fn with_guest<T>(
+    f: impl FnOnce(&mut Instance) -> Result<T, fencecheck::Error>,
+) -> Result<T, Refusal> {
+    let mut slot = INSTANCE
+        .lock()
+        .map_err(|_| Refusal::new("FENCERUNTIME", "the component is unavailable"))?;
+    let guest = slot
+        .as_mut()
+        .ok_or_else(|| Refusal::new("FENCERUNTIME", "the component is not loaded"))?;
+    f(guest).map_err(|e| rules::runtime_error(&e))
+}
+
+fn arity(args: &[RedisString], min: usize) -> Result<(), Refusal> {
+    if args.len() < min {
+        let name = args
+            .first()
+            .map(|a| String::from_utf8_lossy(a.as_slice()).to_ascii_lowercase())
+            .unwrap_or_default();
+        return Err(Refusal::syntax(format!(
+            "wrong number of arguments for '{name}' command"
+        )));
+    }
+    Ok(())
+}
+
+fn bytes(args: &[RedisString]) -> Vec<&[u8]> {
+    args.iter().map(|a| a.as_slice()).collect()
+}
+
+/// A string key's bytes; `None` if absent; WRONGTYPE for any other type.
+fn read_string(ctx: &Context, key: &[u8]) -> Result<Option<Vec<u8>>, Refusal> {
+    // From the bytes: key names may hold NUL (Context::create_string panics on one).
+    let name = RedisString::create_from_slice(ctx.get_raw(), key);
+    let handle = ctx.open_key(&name);
+    match handle.key_type() {
+        KeyType::Empty => Ok(None),
+        KeyType::String => handle
+            .read()
+            .map(|v| v.map(<[u8]>::to_vec))
+            .map_err(|e| Refusal::new("FENCERUNTIME", e)),
+        _ => Err(Refusal::new(
+            "WRONGTYPE",
+            format!(
+                "{} holds the wrong kind of value for a fencecheck state",
+                String::from_utf8_lossy(key)
+            ),
+        )),
+    }
+}
+
+fn replicated() -> CallOptions {
+    CallOptionsBuilder::new()
+        .replicate()
+        .errors_as_replies()
+        .resp(CallOptionResp::Resp2)
+        .build()
+}
+
+/// Set a string key and replicate it as `SET key value` (the replication
+/// stream and the AOF see exactly that, after whatever the command
+/// propagated before, in one MULTI/EXEC).
+fn store(ctx: &Context, key: &[u8], value: &[u8]) -> Result<(), Refusal> {
+    ffi::set_string(ctx, key, value)
+        .map_err(|e| Refusal::new("FENCERUNTIME", format!("storing a key: {e}")))?;
+    ctx.replicate("SET", &[key, value]);
+    Ok(())
+}
+
+fn scope_key(scope: &[u8]) -> Result<Vec<u8>, Refusal> {
+    if keys::reserved(scope) {
+        return Err(Refusal::syntax(
+            "keys and scopes starting with fencecheck: belong to the module",
+        ));
+    }
+    keys::fence_key(scope).map_err(|_| {
+        Refusal::syntax("a name with '}' needs a hash tag ({tag}) so its state can share its slot")
+    })
+}
+
+/// The scope's keys when it requires signed tokens: the set stored under
+/// the longest prefix in `fencecheck:signing-keys` that starts the scope.
+fn scope_signing_keys(ctx: &Context, scope: &[u8]) -> Result<Option<Vec<GrantKey>>, Refusal> {
+    let name = RedisString::create_from_slice(ctx.get_raw(), keys::SIGNING_KEYS_KEY.as_bytes());
+    match ctx.open_key(&name).key_type() {
+        KeyType::Empty => return Ok(None),
+        KeyType::Hash => {}
+        _ => {
+            return Err(Refusal::new(
+                "INVALIDKEYS",
+                format!("{} is not a hash", keys::SIGNING_KEYS_KEY),
+            ));
+        }
+    }
+    let all: CallResult = ctx.call_ext(
+        "HGETALL",
+        &CallOptionsBuilder::new().errors_as_replies().build(),
+        &[keys::SIGNING_KEYS_KEY.as_bytes()],
+    );
+    let Ok(CallReply::Array(items)) = all else {
+        return Err(Refusal::new("FENCERUNTIME", "reading the signing keys"));
+    };
+    let flat: Vec<Vec<u8>> = items
+        .iter()
+        .map(|item| match item {
+            Ok(CallReply::String(s)) => s.as_bytes().to_vec(),
+            _ => Vec::new(),
+        })
+        .collect();
+    let mut best: Option<(&[u8], &[u8])> = None;
+    for pair in flat.chunks(2) {
+        if let [prefix, set] = pair
+            && scope.starts_with(prefix)
+            && best.is_none_or(|(p, _)| p.len() < prefix.len())
+        {
+            best = Some((prefix, set));
+        }
+    }
+    let Some((_, set)) = best else {
+        return Ok(None);
+    };
+    rules::key_set(set).map(Some)
+}
+
+/// Read the scope's state and decide: the shared first half of every
+/// fenced command.
+fn decide(
+    ctx: &Context,
+    scope: &[u8],
+    token: &[u8],
+    options: &[&[u8]],
+) -> Result<(Vec<u8>, Verdict), Refusal> {
+    let state_key = scope_key(scope)?;
+    let (opts, _) = rules::options(options, &[])?;
+    let request: Request = rules::request(scope, token, opts)?;
+    let state = read_string(ctx, &state_key)?;
+    let keys = scope_signing_keys(ctx, scope)?;
+    let outcome = with_guest(|g| g.decide(state.as_deref(), &request, keys.as_deref()))?;
+    Ok((state_key, rules::verdict(outcome)?))
+}
+
+fn applied(version: u64) -> RedisValue {
+    RedisValue::Array(vec![
+        RedisValue::SimpleStringStatic("applied"),
+        int(version),
+    ])
+}
+
+fn duplicate(version: u64) -> RedisValue {
+    RedisValue::Array(vec![
+        RedisValue::SimpleStringStatic("duplicate"),
+        int(version),
+    ])
+}
+
+/// u64 as an integer reply, or as decimal text above i64's range.
+fn int(v: u64) -> RedisValue {
+    match i64::try_from(v) {
+        Ok(i) => RedisValue::Integer(i),
+        Err(_) => RedisValue::BulkString(v.to_string()),
+    }
+}
+
+fn data_key(key: &[u8]) -> Result<(), Refusal> {
+    if keys::reserved(key) {
+        return Err(Refusal::syntax(
+            "keys starting with fencecheck: belong to the module",
+        ));
+    }
+    Ok(())
+}
+
+/// `FENCE.SET key token value [POLICY p] [OPID id] [VERSION n]`
+fn fence_set(ctx: &Context, args: &[RedisString]) -> Result<RedisValue, Refusal> {
+    arity(args, 4)?;
+    let a = bytes(args);
+    data_key(a[1])?;
+    let (state_key, verdict) = decide(ctx, a[1], a[2], &a[4..])?;
+    match verdict {
+        Verdict::Duplicate { version } => Ok(duplicate(version)),
+        Verdict::Apply { version, state } => {
+            // Both keys, replicated as ONE command (MSET), which replicas
+            // and the AOF apply atomically without a MULTI/EXEC wrapper.
+            for (key, value) in [(a[1], a[3]), (&state_key, &state)] {
+                ffi::set_string(ctx, key, value)
+                    .map_err(|e| Refusal::new("FENCERUNTIME", format!("storing a key: {e}")))?;
+            }
+            ctx.replicate("MSET", &[a[1], a[3], &state_key, &state]);
+            Ok(applied(version))
+        }
+    }
+}
+
+/// `FENCE.DEL key token [POLICY p] [OPID id] [VERSION n]`: deletes the key;
+/// the mark stays, so the key cannot be re-created with an older token.
+fn fence_del(ctx: &Context, args: &[RedisString]) -> Result<RedisValue, Refusal> {
+    arity(args, 3)?;
+    let a = bytes(args);
+    data_key(a[1])?;
+    let (state_key, verdict) = decide(ctx, a[1], a[2], &a[3..])?;
+    match verdict {
+        Verdict::Duplicate { version } => Ok(duplicate(version)),
+        Verdict::Apply { version, state } => {
+            let result: CallResult = ctx.call_ext("DEL", &replicated(), &[a[1]]);
+            if let Err(e) = result {
+                return Err(Refusal(e.to_string()));
+            }
+            store(ctx, &state_key, &state)?;
+            Ok(applied(version))
+        }
+    }
+}
+
+/// `FENCE.CHECK scope token [options]`: the decision, nothing written.
+fn fence_check(ctx: &Context, args: &[RedisString]) -> Result<RedisValue, Refusal> {
+    arity(args, 3)?;
+    let a = bytes(args);
+    let (_, verdict) = decide(ctx, a[1], a[2], &a[3..])?;
+    Ok(match verdict {
+        Verdict::Apply { version, .. } => applied(version),
+        Verdict::Duplicate { version } => duplicate(version),
+    })
+}
+
+/// Whether FENCE.EXEC may run this command: a write command (flag `write`),
+/// not admin, not refused in scripts, not `@dangerous`, not ours.
+fn command_allowed(ctx: &Context, inner: &[&[u8]]) -> Result<(), Refusal> {
+    let name = inner[0].to_ascii_lowercase();
+    if name.starts_with(b"fence.") {
+        return Err(Refusal::syntax("FENCE.EXEC cannot run FENCE commands"));
+    }
+    let sub = inner.get(1).map(|s| s.to_ascii_lowercase());
+    let mut cache = ALLOWED
+        .lock()
+        .map_err(|_| Refusal::new("FENCERUNTIME", "command cache unavailable"))?;
+    let cache = cache.get_or_insert_with(HashMap::new);
+    let mut cache_key = name.clone();
+    if let Some(verdict) = cache.get(&cache_key) {
+        return verdict.clone().map_err(Refusal);
+    }
+    if let Some(sub) = &sub {
+        cache_key.push(b'|');
+        cache_key.extend_from_slice(sub);
+        if let Some(verdict) = cache.get(&cache_key) {
+            return verdict.clone().map_err(Refusal);
+        }
+    }
+    let info: CallResult = ctx.call_ext(
+        "COMMAND",
+        &CallOptionsBuilder::new()
+            .errors_as_replies()
+            .resp(CallOptionResp::Resp2)
+            .build(),
+        &[b"INFO".as_slice(), name.as_slice()],
+    );
+    let shown = String::from_utf8_lossy(&name)
+        .chars()
+        .take(64)
+        .collect::<String>();
+    let entry = match &info {
+        Ok(CallReply::Array(list)) => match list.get(0) {
+            Some(Ok(CallReply::Array(entry))) => entry,
+            _ => return Err(Refusal::syntax(format!("unknown command '{shown}'"))),
+        },
+        _ => return Err(Refusal::new("FENCERUNTIME", "COMMAND INFO failed")),
+    };
+    let strings = |i: usize| -> Vec<Vec<u8>> {
+        match entry.get(i) {
+            Some(Ok(CallReply::Array(items))) => items
+                .iter()
+                .filter_map(|x| match x {
+                    Ok(CallReply::String(s)) => Some(s.as_bytes().to_ascii_lowercase()),
+                    _ => None,
+                })
+                .collect(),
+            _ => Vec::new(),
+        }
+    };
+    // A container (CONFIG, XGROUP…): judge the subcommand's own entry.
+    let mut flags = strings(2);
+    let mut categories = strings(6);
+    let mut judged = name.clone();
+    if let Some(Ok(CallReply::Array(subs))) = entry.get(9)
+        && subs.len() > 0
+    {
+        let Some(sub) = &sub else {
+            return Err(Refusal::syntax(format!("'{shown}' needs a subcommand")));
+        };
+        let mut full = name.clone();
+        full.push(b'|');
+        full.extend_from_slice(sub);
+        let found = subs.iter().find_map(|s| match s {
+            Ok(CallReply::Array(e)) => {
+                let named = matches!(
+                    e.get(0),
+                    Some(Ok(CallReply::String(n))) if n.as_bytes().eq_ignore_ascii_case(&full)
+                );
+                named.then_some(e)
+            }
+            _ => None,
+        });
+        let Some(e) = found else {
+            return Err(Refusal::syntax(format!("unknown subcommand of '{shown}'")));
+        };
+        let collect = |i: usize| -> Vec<Vec<u8>> {
+            match e.get(i) {
+                Some(Ok(CallReply::Array(items))) => items
+                    .iter()
+                    .filter_map(|x| match x {
+                        Ok(CallReply::String(s)) => Some(s.as_bytes().to_ascii_lowercase()),
+                        _ => None,
+                    })
+                    .collect(),
+                _ => Vec::new(),
+            }
+        };
+        flags = collect(2);
+        categories = collect(6);
+        judged = full;
+    }
+    let has = |list: &[Vec<u8>], what: &[u8]| list.iter().any(|f| f == what);
+    let verdict = if !has(&flags, b"write") {
+        Err(format!(
+            "ERR FENCE.EXEC runs write commands only, not '{shown}'"
+        ))
+    } else if has(&flags, b"admin") || has(&flags, b"noscript") || has(&categories, b"@dangerous") {
+        Err(format!(
+            "ERR FENCE.EXEC does not run '{shown}' (admin, no-script or dangerous)"
+        ))
+    } else {
+        Ok(())
+    };
+    cache.insert(judged, verdict.clone());
+    verdict.map_err(Refusal)
+}
+
+/// `FENCE.EXEC scope token [options] -- COMMAND arg…`
+fn fence_exec(ctx: &Context, args: &[RedisString]) -> Result<RedisValue, Refusal> {
+    arity(args, 5)?;
+    let a = bytes(args);
+    let split = a
+        .iter()
+        .position(|x| *x == b"--")
+        .ok_or_else(|| Refusal::syntax("FENCE.EXEC needs -- before the command"))?;
+    let (head, inner) = a.split_at(split);
+    let inner = &inner[1..];
+    let inner_strings = &args[split + 1..];
+    if inner.is_empty() || head.len() < 3 {
+        return Err(Refusal::syntax(
+            "usage: FENCE.EXEC scope token [options] -- COMMAND arg...",
+        ));
+    }
+    if inner[0].contains(&0) || inner[0].len() > 64 {
+        return Err(Refusal::syntax("invalid command name"));
+    }
+    command_allowed(ctx, inner)?;
+    // The command's keys: at least one, none of the module's own, and in a
+    // cluster all in the scope's slot.
+    let positions = ffi::command_keys(ctx, inner_strings)
+        .map_err(|e| Refusal::syntax(format!("FENCE.EXEC: {e}")))?;
+    if positions.is_empty() {
+        return Err(Refusal::syntax(
+            "FENCE.EXEC runs commands that name at least one key",
+        ));
+    }
+    let cluster = ctx.get_flags().contains(ContextFlags::CLUSTER);
+    let scope_slot = keys::slot(head[1]);
+    for p in positions {
+        let key = inner.get(p).copied().unwrap_or_default();
+        data_key(key)?;
+        if cluster && keys::slot(key) != scope_slot {
+            return Err(Refusal::new(
+                "CROSSSLOT",
+                "the command's keys must hash to the scope's slot",
+            ));
+        }
+    }
+    let (state_key, verdict) = decide(ctx, head[1], head[2], &head[3..])?;
+    match verdict {
+        Verdict::Duplicate { version } => Ok(duplicate(version)),
+        Verdict::Apply { version, state } => {
+            // As the calling user (ACL), in script mode (no deny-script
+            // commands, min-replicas and disk-error checks), replicated.
+            let opts = CallOptionsBuilder::new()
+                .replicate()
+                .errors_as_replies()
+                .verify_acl()
+                .script_mode()
+                .resp(CallOptionResp::Resp2)
+                .build();
+            let name = String::from_utf8_lossy(inner[0]).into_owned();
+            let rest: Vec<&RedisString> = inner_strings[1..].iter().collect();
+            let result: CallResult = ctx.call_ext(&name, &opts, rest.as_slice());
+            let reply = match &result {
+                Ok(reply) => value(reply),
+                Err(e) => return Err(Refusal(e.to_string())),
+            };
+            store(ctx, &state_key, &state)?;
+            Ok(RedisValue::Array(vec![
+                RedisValue::SimpleStringStatic("applied"),
+                int(version),
+                reply,
+            ]))
+        }
+    }
+}
+
+/// A nested reply relayed to the client (RESP2: strings as bulk strings,
+/// so no byte of a value can break the protocol).
+fn value(reply: &CallReply) -> RedisValue {
+    match reply {
+        CallReply::I64(i) => RedisValue::Integer(i.to_i64()),
+        CallReply::String(s) => RedisValue::StringBuffer(s.as_bytes().to_vec()),
+        CallReply::Array(items) => RedisValue::Array(
+            items
+                .iter()
+                .map(|item| match item {
+                    Ok(r) => value(&r),
+                    Err(e) => RedisValue::StringBuffer(e.as_bytes().to_vec()),
+                })
+                .collect(),
+        ),
+        CallReply::Bool(b) => RedisValue::Integer(i64::from(b.to_bool())),
+        CallReply::Double(d) => RedisValue::BulkString(d.to_double().to_string()),
+        _ => RedisValue::Null,
+    }
+}
+
+/// `FENCE.INSPECT scope [LEASE]`: the state decoded as JSON, nil if none.
+fn fence_inspect(ctx: &Context, args: &[RedisString]) -> Result<RedisValue, Refusal> {
+    arity(args, 2)?;
+    let a = bytes(args);
+    let lease = match a.get(2) {
+        None => false,
+        Some(x) if x.eq_ignore_ascii_case(b"LEASE") && a.len() == 3 => true,
+        _ => return Err(Refusal::syntax("usage: FENCE.INSPECT scope [LEASE]")),
+    };
+    if keys::reserved(a[1]) {
+        return Err(Refusal::syntax(
+            "scopes starting with fencecheck: belong to the module",
+        ));
+    }
+    let key = if lease {
+        keys::lease_key(a[1])
+    } else {
+        keys::fence_key(a[1])
+    }
+    .map_err(|_| Refusal::syntax("a name with '}' needs a hash tag"))?;
+    let Some(state) = read_string(ctx, &key)? else {
+        return Ok(RedisValue::Null);
+    };
+    let json = if lease {
+        let info = with_guest(|g| g.inspect_lease(&state))?.map_err(|e| rules::lease_error(&e))?;
+        serde_json::to_string(&info)
+    } else {
+        let info = with_guest(|g| g.inspect(&state))?.map_err(|e| rules::check_error(&e))?;
+        serde_json::to_string(&info)
+    };
+    json.map(RedisValue::BulkString)
+        .map_err(|e| Refusal::new("FENCERUNTIME", e))
+}
+
+// ---- leases ----
+
+/// A u64 stored as canonical decimal text under one of the module's keys;
+/// anything else is an error, never read as 0.
+fn read_u64(ctx: &Context, key: &str) -> Result<Option<u64>, Refusal> {
+    match read_string(ctx, key.as_bytes())? {
+        None => Ok(None),
+        Some(v) => {
+            let canonical =
+                !v.is_empty() && v.iter().all(u8::is_ascii_digit) && (v.len() == 1 || v[0] != b'0');
+            std::str::from_utf8(&v)
+                .ok()
+                .filter(|_| canonical)
+                .and_then(|s| s.parse::<u64>().ok())
+                .map(Some)
+                .ok_or_else(|| {
+                    Refusal::new("CORRUPTSTATE", format!("{key} is not a canonical u64"))
+                })
+        }
+    }
+}
+
+fn now(more: &[(String, &[u8])]) -> Result<u64, Refusal> {
+    match more.iter().find(|(n, _)| n == "NOW") {
+        Some((_, v)) if TEST_CLOCK.load(Ordering::SeqCst) => rules::number("NOW", v),
+        Some(_) => Err(Refusal::syntax(
+            "NOW needs the module loaded with TEST-CLOCK",
+        )),
+        None => u64::try_from(ffi::milliseconds())
+            .map_err(|_| Refusal::new("FENCERUNTIME", "the clock is before 1970")),
+    }
+}
+
+fn lock_key(lock: &[u8]) -> Result<Vec<u8>, Refusal> {
+    if keys::reserved(lock) {
+        return Err(Refusal::syntax(
+            "locks starting with fencecheck: belong to the module",
+        ));
+    }
+    keys::lease_key(lock).map_err(|_| Refusal::syntax("a lock name with '}' needs a hash tag"))
+}
+
+/// The grant's signing key, if the authority signs (`fencecheck:grant-key`).
+fn grant_key(ctx: &Context) -> Result<Option<GrantKey>, Refusal> {
+    let Some(text) = read_string(ctx, keys::GRANT_KEY_KEY.as_bytes())? else {
+        return Ok(None);
+    };
+    let text = std::str::from_utf8(&text)
+        .map_err(|_| Refusal::new("INVALIDKEYS", "the grant key is not text"))?;
+    let key = text
+        .parse::<KeysText>()
+        .and_then(|k| k.signing_key())
+        .map_err(|_| Refusal::new("INVALIDKEYS", "the grant key is not one ID:HEX"))?;
+    Ok(Some(key))
+}
+
+/// `FENCE.ACQUIRE lock lease-id ttl-ms`: the component's lease rules on the
+/// lock's lease state; the token is minted in the same step.
+fn fence_acquire(ctx: &Context, args: &[RedisString]) -> Result<RedisValue, Refusal> {
+    arity(args, 4)?;
+    let a = bytes(args);
+    let key = lock_key(a[1])?;
+    let lock = rules::text("lock", a[1])?;
+    let lease_id = rules::text("lease-id", a[2])?;
+    let ttl = rules::number("ttl-ms", a[3])?;
+    let more = options_only(&a[4..], &["NOW"])?;
+    let now = now(&more)?;
+    let (authority, new_lineage) = match read_u64(ctx, keys::LINEAGE_KEY)? {
+        Some(id) => (id, false),
+        None => (ffi::random_nonzero_u64(), true),
+    };
+    let floor = read_u64(ctx, keys::FLOOR_KEY)?.unwrap_or(0);
+    let state = read_string(ctx, &key)?;
+    let request = AcquireRequest {
+        lock: lock.to_string(),
+        lease_id: lease_id.to_string(),
+        authority,
+        epoch_floor: floor,
+        now,
+        ttl,
+    };
+    let signing = grant_key(ctx)?;
+    match with_guest(|g| g.acquire(state.as_deref(), &request))?
+        .map_err(|e| rules::lease_error(&e))?
+    {
+        fencecheck::Acquire::Acquired {
+            token,
+            expires_at,
+            state: new_state,
+        } => {
+            let text = match &signing {
+                None => rules::token_text(token),
+                Some(k) => {
+                    let signature = with_guest(|g| g.sign(lock, token, lease_id, k))?
+                        .map_err(|e| Refusal::new("INVALIDKEYS", e))?;
+                    SignedTokenText {
+                        token,
+                        signature: Some(signature),
+                    }
+                    .to_string()
+                }
+            };
+            if new_lineage {
+                store(
+                    ctx,
+                    keys::LINEAGE_KEY.as_bytes(),
+                    authority.to_string().as_bytes(),
+                )?;
+            }
+            if state.as_deref() != Some(new_state.as_slice()) {
+                store(ctx, &key, &new_state)?;
+            }
+            Ok(RedisValue::Array(vec![
+                RedisValue::SimpleStringStatic("acquired"),
+                RedisValue::BulkString(text),
+                int(expires_at),
+                // The clock the decision used: a retried acquire returns
+                // the original grant, whose time left is expires_at - now.
+                int(now),
+            ]))
+        }
+        fencecheck::Acquire::Busy { holder, expires_at } => Ok(RedisValue::Array(vec![
+            RedisValue::SimpleStringStatic("busy"),
+            RedisValue::BulkString(holder),
+            int(expires_at),
+        ])),
+    }
+}
+
+fn options_only<'a>(args: &[&'a [u8]], extra: &[&str]) -> Result<rules::Extra<'a>, Refusal> {
+    let (opts, more) = rules::options(args, extra)?;
+    if opts != rules::Options::default() {
+        return Err(Refusal::syntax(
+            "POLICY, OPID and VERSION are for fenced writes",
+        ));
+    }
+    Ok(more)
+}
+
+/// The token of a lease command: the lineage's authority if the text has
+/// none, so clients may present `EPOCH.COUNTER` or the full text.
+fn lease_token(text: &[u8]) -> Result<fencecheck::Token, Refusal> {
+    Ok(rules::token(text)?.token)
+}
+
+/// `FENCE.RENEW lock lease-id token ttl-ms`
+fn fence_renew(ctx: &Context, args: &[RedisString]) -> Result<RedisValue, Refusal> {
+    arity(args, 5)?;
+    let a = bytes(args);
+    let key = lock_key(a[1])?;
+    let request = RenewRequest {
+        lease_id: rules::text("lease-id", a[2])?.to_string(),
+        token: lease_token(a[3])?,
+        now: 0,
+        ttl: rules::number("ttl-ms", a[4])?,
+    };
+    let more = options_only(&a[5..], &["NOW"])?;
+    let request = RenewRequest {
+        now: now(&more)?,
+        ..request
+    };
+    let state = read_string(ctx, &key)?;
+    match with_guest(|g| g.renew(state.as_deref(), &request))?
+        .map_err(|e| rules::lease_error(&e))?
+    {
+        fencecheck::Renew::Renewed {
+            expires_at,
+            state: new_state,
+        } => {
+            store(ctx, &key, &new_state)?;
+            Ok(RedisValue::Array(vec![
+                RedisValue::SimpleStringStatic("renewed"),
+                int(expires_at),
+            ]))
+        }
+        fencecheck::Renew::Lost => Ok(RedisValue::Array(vec![RedisValue::SimpleStringStatic(
+            "lost",
+        )])),
+    }
+}
+
+/// `FENCE.RELEASE lock lease-id token`
+fn fence_release(ctx: &Context, args: &[RedisString]) -> Result<RedisValue, Refusal> {
+    arity(args, 4)?;
+    let a = bytes(args);
+    if a.len() != 4 {
+        return Err(Refusal::syntax("usage: FENCE.RELEASE lock lease-id token"));
+    }
+    let key = lock_key(a[1])?;
+    let request = ReleaseRequest {
+        lease_id: rules::text("lease-id", a[2])?.to_string(),
+        token: lease_token(a[3])?,
+    };
+    let state = read_string(ctx, &key)?;
+    match with_guest(|g| g.release(state.as_deref(), &request))?
+        .map_err(|e: LeaseError| rules::lease_error(&e))?
+    {
+        fencecheck::Release::Released { state: new_state } => {
+            store(ctx, &key, &new_state)?;
+            Ok(RedisValue::Array(vec![RedisValue::SimpleStringStatic(
+                "released",
+            )]))
+        }
+        fencecheck::Release::NotOwner => {
+            Ok(RedisValue::Array(vec![RedisValue::SimpleStringStatic(
+                "not-owner",
+            )]))
+        }
+    }
+}
+
+/// `FENCE.RESTORE [at-least]`: raise the epoch floor to
+/// `max(floor + 1, at-least)` (default: the server's Unix time in ms), so
+/// every later grant of every lock compares above every token issued before.
+fn fence_restore(ctx: &Context, args: &[RedisString]) -> Result<RedisValue, Refusal> {
+    arity(args, 1)?;
+    let a = bytes(args);
+    let at_least = match a.get(1..) {
+        Some([]) | None => u64::try_from(ffi::milliseconds()).unwrap_or(0),
+        Some([v]) => rules::number("at-least", v)?,
+        Some(_) => return Err(Refusal::syntax("usage: FENCE.RESTORE [at-least]")),
+    };
+    let floor = read_u64(ctx, keys::FLOOR_KEY)?.unwrap_or(0);
+    let next = floor
+        .checked_add(1)
+        .ok_or_else(|| Refusal::new("EXHAUSTED", "the epoch floor would overflow"))?
+        .max(at_least);
+    store(ctx, keys::FLOOR_KEY.as_bytes(), next.to_string().as_bytes())?;
+    Ok(RedisValue::Array(vec![
+        RedisValue::SimpleStringStatic("restored"),
+        int(next),
+    ]))
+}
+
+/// `FENCE.VERSION`: the WIT package version of the component the module
+/// runs (the one built into it), as every host reports it.
+fn fence_version(_ctx: &Context, args: &[RedisString]) -> Result<RedisValue, Refusal> {
+    if args.len() != 1 {
+        return Err(Refusal::syntax("usage: FENCE.VERSION"));
+    }
+    let runtime = RUNTIME
+        .get()
+        .ok_or_else(|| Refusal::new("FENCERUNTIME", "the component is not loaded"))?;
+    Ok(RedisValue::BulkString(
+        runtime.component_version().to_string(),
+    ))
+}
+
+// Entry points named in the module's command table (lib.rs).
+macro_rules! entry_points {
+    ($($name:ident => $handler:ident),* $(,)?) => {$(
+        pub fn $name(ctx: &Context, args: Vec<RedisString>) -> RedisResult {
+            guarded(ctx, &args, $handler)
+        }
+    )*};
+}
+
+entry_points! {
+    set => fence_set,
+    del => fence_del,
+    exec => fence_exec,
+    check => fence_check,
+    inspect => fence_inspect,
+    acquire => fence_acquire,
+    renew => fence_renew,
+    release => fence_release,
+    restore => fence_restore,
+    version => fence_version,
+}
