@@ -73,7 +73,7 @@ pub use etcd::{EtcdCoordinator, EtcdCredentials, EtcdOptions, EtcdTls};
 pub use migrate::{
     EtcdAccess, Migrated, MigrationStep, StoreUrl, migrate, migrate_with, migrate_with_etcd,
 };
-pub use postgres::PostgresCoordinator;
+pub use postgres::{Connect as PostgresConnect, PostgresCoordinator};
 pub use redis::RedisCoordinator;
 pub use signing::SigningCoordinator;
 pub use sqlite::SqliteCoordinator;

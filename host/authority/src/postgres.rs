@@ -49,8 +49,12 @@ fn from_sql(v: i64) -> u64 {
     v as u64
 }
 
+/// Opens a connection to the coordinator's database: TLS, credentials and
+/// all (see [`PostgresCoordinator::open_with`]).
+pub type Connect = Arc<dyn Fn() -> Result<Client, postgres::Error> + Send + Sync>;
+
 struct Inner {
-    url: String,
+    connect: Connect,
     client: Client,
     guest: Instance,
     /// The last call failed without a server answer: the connection is
@@ -91,7 +95,23 @@ impl PostgresCoordinator {
         runtime: Runtime,
         clock: Arc<dyn Clock>,
     ) -> Result<Self, AuthorityError> {
-        let mut client = Client::connect(url, NoTls)?;
+        let url = url.to_owned();
+        Self::open_with(
+            Arc::new(move || Client::connect(&url, NoTls)),
+            runtime,
+            clock,
+        )
+    }
+
+    /// As [`PostgresCoordinator::open`], with every connection (the first
+    /// and each reopened one) made by `connect`: for TLS, or credentials
+    /// that must not sit in a connection string.
+    pub fn open_with(
+        connect: Connect,
+        runtime: Runtime,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Self, AuthorityError> {
+        let mut client = connect()?;
         let authority = {
             let mut tx = client.transaction()?;
             prepare(&mut tx)?;
@@ -108,7 +128,7 @@ impl PostgresCoordinator {
         };
         Ok(Self {
             inner: Mutex::new(Inner {
-                url: url.to_string(),
+                connect,
                 client,
                 guest: runtime.instance()?,
                 broken: false,
@@ -128,13 +148,13 @@ impl PostgresCoordinator {
         // back when dropped, so a poisoned lock is safe to reuse.
         let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
         let Inner {
-            url,
+            connect,
             client,
             guest,
             broken,
         } = &mut *inner;
         if *broken || client.is_closed() {
-            *client = Client::connect(url, NoTls)?;
+            *client = connect()?;
             *broken = false;
         }
         let result = f(client, guest);

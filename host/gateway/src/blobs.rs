@@ -1,9 +1,16 @@
 //! Where blob bytes live: files in a directory, or a real HTTP file server
-//! (nginx WebDAV) reached through Pingora's pooled connector. Either way a
-//! blob is named by its never-reused object id.
+//! (nginx WebDAV) reached through Pingora's pooled connector. A blob is named
+//! `STORE-ID` (the store's random id, then the never-reused object id), so
+//! two gateways sharing one directory or one upstream never name a blob
+//! alike; a blob is created new, never over an existing one.
+//!
+//! Durability: in a directory, a blob is flushed and fsynced, and so is the
+//! directory entry, before the publish that makes it visible. On an
+//! upstream, the gateway has the server's 2xx and nothing more: nginx's
+//! WebDAV PUT writes a temporary file and renames it, and does not fsync.
 
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use fencecheck_sqlite::ObjectId;
@@ -11,18 +18,25 @@ use pingora::connectors::http::Connector;
 use pingora::http::RequestHeader;
 use pingora::prelude::HttpPeer;
 use pingora::protocols::http::client::HttpSession;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use sha2::{Digest, Sha256};
+use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
 
 use crate::error::{Error, io};
 
 /// Idle upstream connections are kept this long for reuse.
 const IDLE: Duration = Duration::from_secs(60);
 
-/// The blob store.
-pub enum Blobs {
-    /// Files `<dir>/<id>`.
+/// The blob store: where, and the prefix of every name.
+pub struct Blobs {
+    store: String,
+    place: Place,
+}
+
+/// Where the bytes are.
+pub enum Place {
+    /// Files `<dir>/<name>`.
     Dir(PathBuf),
-    /// `PUT`/`GET`/`DELETE <prefix><id>` on an HTTP server.
+    /// `PUT`/`GET`/`HEAD`/`DELETE <prefix><name>` on an HTTP server.
     Upstream(Box<Upstream>),
 }
 
@@ -36,8 +50,8 @@ pub struct Upstream {
 
 impl Upstream {
     /// `url`: `http://HOST:PORT[/prefix/]` (plain HTTP, meant for loopback);
-    /// blobs go to `<prefix><id>`, default prefix `/blobs/`. `timeout` bounds
-    /// connecting and each read and write.
+    /// blobs go to `<prefix><name>`, default prefix `/blobs/`. `timeout`
+    /// bounds connecting and each read and write.
     pub fn new(url: &str, timeout: Duration) -> Result<Self, Error> {
         let bad = |why: &str| Error::Config(format!("--upstream {url:?}: {why}"));
         let uri: http::Uri = url.parse().map_err(|_| bad("not a URL"))?;
@@ -74,10 +88,10 @@ impl Upstream {
     async fn start(
         &self,
         method: &str,
-        object: ObjectId,
+        name: &str,
         headers: &[(&'static str, String)],
     ) -> Result<Box<HttpSession>, Error> {
-        let path = format!("{}{}", self.prefix, object.get());
+        let path = format!("{}{name}", self.prefix);
         let mut req = RequestHeader::build(method, path.as_bytes(), Some(headers.len() + 1))
             .map_err(upstream("building a request"))?;
         req.insert_header("Host", &self.host)
@@ -96,6 +110,22 @@ impl Upstream {
             .await
             .map_err(upstream("sending a request"))?;
         Ok(Box::new(session))
+    }
+
+    /// A bodiless request, its status (and the session, response unread).
+    async fn ask(
+        &self,
+        method: &str,
+        name: &str,
+        headers: &[(&'static str, String)],
+    ) -> Result<(u16, Box<HttpSession>), Error> {
+        let mut session = self.start(method, name, headers).await?;
+        session
+            .finish_request_body()
+            .await
+            .map_err(upstream("sending a request"))?;
+        let status = self.status(&mut session).await?;
+        Ok((status, session))
     }
 
     async fn status(&self, session: &mut HttpSession) -> Result<u16, Error> {
@@ -122,47 +152,173 @@ fn upstream(doing: &'static str) -> impl FnOnce(Box<pingora::Error>) -> Error {
     }
 }
 
-/// A blob being written.
-pub enum BlobWriter {
-    /// A local file.
+fn upstream_status(doing: &'static str, status: u16) -> Error {
+    Error::Upstream {
+        doing,
+        detail: format!("status {status}"),
+    }
+}
+
+fn header<'a>(session: &'a HttpSession, name: &str) -> Option<&'a str> {
+    session
+        .response_header()
+        .and_then(|h| h.headers.get(name))
+        .and_then(|v| v.to_str().ok())
+}
+
+/// A blob being written: its bytes are counted and hashed on the way.
+pub struct BlobWriter {
+    sink: Sink,
+    hasher: Sha256,
+    written: u64,
+}
+
+enum Sink {
+    /// A local file (created new).
     File(tokio::fs::File),
     /// A PUT in progress.
     Upstream(Box<HttpSession>),
 }
 
-/// A blob being read, with its length.
-pub enum BlobReader {
+/// A written blob: how many bytes, and their SHA-256.
+#[derive(Clone, Copy, Debug)]
+pub struct Written {
+    /// Bytes.
+    pub length: u64,
+    /// SHA-256.
+    pub sha256: [u8; 32],
+}
+
+/// A blob (or a range of it) being read.
+pub struct BlobReader {
+    source: Source,
+    /// Bytes still to read.
+    left: u64,
+}
+
+enum Source {
     /// A local file (still readable if the collector unlinks it).
-    File(tokio::fs::File, u64),
+    File(tokio::fs::File),
     /// A GET response in progress.
-    Upstream(Box<HttpSession>, u64),
+    Upstream(Box<HttpSession>),
+}
+
+/// One entry of the collector's view of the blob store.
+#[derive(Clone, Debug)]
+pub struct Stored {
+    /// The object id its name carries.
+    pub object: ObjectId,
+    /// When it was last written.
+    pub modified: SystemTime,
 }
 
 impl Blobs {
+    /// Blobs in `dir`, named with `store`'s prefix.
+    pub fn dir(dir: PathBuf, store: &str) -> Self {
+        Self {
+            store: store.to_owned(),
+            place: Place::Dir(dir),
+        }
+    }
+
+    /// Blobs on `upstream`, named with `store`'s prefix.
+    pub fn upstream(upstream: Upstream, store: &str) -> Self {
+        Self {
+            store: store.to_owned(),
+            place: Place::Upstream(Box::new(upstream)),
+        }
+    }
+
+    /// The blob name of `object`.
+    pub fn name(&self, object: ObjectId) -> String {
+        if self.store.is_empty() {
+            object.get().to_string()
+        } else {
+            format!("{}-{}", self.store, object.get())
+        }
+    }
+
+    /// The object a blob name of this store names.
+    fn object_of(&self, name: &str) -> Option<ObjectId> {
+        let id = if self.store.is_empty() {
+            name
+        } else {
+            name.strip_prefix(self.store.as_str())?.strip_prefix('-')?
+        };
+        if id.is_empty() || !id.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        id.parse::<i64>().ok().map(ObjectId::from_raw)
+    }
+
     /// Start writing `object`'s blob; `length` if the client declared one.
+    /// The blob must not exist yet.
     pub async fn create(&self, object: ObjectId, length: Option<u64>) -> Result<BlobWriter, Error> {
-        match self {
-            Blobs::Dir(dir) => tokio::fs::File::create(dir.join(object.get().to_string()))
-                .await
-                .map(BlobWriter::File)
-                .map_err(io("creating a blob")),
-            Blobs::Upstream(up) => {
+        let sink = match &self.place {
+            Place::Dir(dir) => {
+                let path = dir.join(self.name(object));
+                let file = tokio::fs::OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .open(&path)
+                    .await
+                    .map_err(io("creating a blob"))?;
+                Sink::File(file)
+            }
+            Place::Upstream(up) => {
                 let framing = match length {
                     Some(n) => ("Content-Length", n.to_string()),
                     None => ("Transfer-Encoding", "chunked".to_owned()),
                 };
-                up.start("PUT", object, &[framing])
-                    .await
-                    .map(BlobWriter::Upstream)
+                // Servers that honour it refuse to replace an existing blob
+                // (nginx ignores it; the unique name is what protects there).
+                let headers = [framing, ("If-None-Match", "*".to_owned())];
+                Sink::Upstream(up.start("PUT", &self.name(object), &headers).await?)
+            }
+        };
+        Ok(BlobWriter {
+            sink,
+            hasher: Sha256::new(),
+            written: 0,
+        })
+    }
+
+    /// The length of `object`'s blob, without reading it; `None` if it does
+    /// not exist.
+    pub async fn size(&self, object: ObjectId) -> Result<Option<u64>, Error> {
+        match &self.place {
+            Place::Dir(dir) => match tokio::fs::metadata(dir.join(self.name(object))).await {
+                Ok(m) => Ok(Some(m.len())),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+                Err(e) => Err(io("reading a blob's size")(e)),
+            },
+            Place::Upstream(up) => {
+                let (status, session) = up.ask("HEAD", &self.name(object), &[]).await?;
+                let len = header(&session, "content-length").and_then(|v| v.parse().ok());
+                up.release(session).await;
+                match status {
+                    200 => len.map(Some).ok_or(Error::Upstream {
+                        doing: "sizing a blob",
+                        detail: "no Content-Length".into(),
+                    }),
+                    404 => Ok(None),
+                    s => Err(upstream_status("sizing a blob", s)),
+                }
             }
         }
     }
 
-    /// Open `object`'s blob; `None` if it does not exist (collected).
-    pub async fn open(&self, object: ObjectId) -> Result<Option<BlobReader>, Error> {
-        match self {
-            Blobs::Dir(dir) => {
-                let file = match tokio::fs::File::open(dir.join(object.get().to_string())).await {
+    /// Open bytes `start..=end` of `object`'s blob, or all of it (`None`);
+    /// `Ok(None)` if the blob does not exist. Returns the reader and the
+    /// blob's whole length.
+    pub async fn open(
+        &self,
+        object: ObjectId,
+        range: Option<(u64, u64)>,
+    ) -> Result<Option<(BlobReader, u64)>, Error> {
+        match &self.place {
+            Place::Dir(dir) => {
+                let mut file = match tokio::fs::File::open(dir.join(self.name(object))).await {
                     Ok(file) => file,
                     Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
                     Err(e) => return Err(io("opening a blob")(e)),
@@ -172,99 +328,188 @@ impl Blobs {
                     .await
                     .map_err(io("reading a blob's size"))?
                     .len();
-                Ok(Some(BlobReader::File(file, len)))
+                let (start, left) = match range {
+                    None => (0, len),
+                    Some((start, end)) if start <= end && end < len => (start, end - start + 1),
+                    Some(_) => {
+                        return Err(Error::Io {
+                            doing: "reading a blob",
+                            source: std::io::Error::other("the range is outside the blob"),
+                        });
+                    }
+                };
+                if start > 0 {
+                    file.seek(std::io::SeekFrom::Start(start))
+                        .await
+                        .map_err(io("seeking in a blob"))?;
+                }
+                Ok(Some((
+                    BlobReader {
+                        source: Source::File(file),
+                        left,
+                    },
+                    len,
+                )))
             }
-            Blobs::Upstream(up) => {
-                let mut session = up.start("GET", object, &[]).await?;
-                session
-                    .finish_request_body()
-                    .await
-                    .map_err(upstream("sending a request"))?;
-                match up.status(&mut session).await? {
-                    200 => {}
-                    404 => {
+            Place::Upstream(up) => {
+                let headers: Vec<(&'static str, String)> = range
+                    .map(|(s, e)| ("Range", format!("bytes={s}-{e}")))
+                    .into_iter()
+                    .collect();
+                let (status, session) = up.ask("GET", &self.name(object), &headers).await?;
+                let doing = "reading a blob";
+                let length = header(&session, "content-length").and_then(|v| v.parse::<u64>().ok());
+                let total = match (status, range) {
+                    (200, None) => length,
+                    (206, Some((s, e))) => header(&session, "content-range")
+                        .and_then(|v| v.strip_prefix(&format!("bytes {s}-{e}/"))?.parse().ok())
+                        .filter(|_| length == Some(e - s + 1)),
+                    (404, _) => {
                         up.release(session).await;
                         return Ok(None);
                     }
-                    s => {
-                        return Err(Error::Upstream {
-                            doing: "reading a blob",
-                            detail: format!("status {s}"),
-                        });
-                    }
-                }
-                let len = session
-                    .response_header()
-                    .and_then(|h| h.headers.get("content-length"))
-                    .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
-                    .ok_or_else(|| Error::Upstream {
-                        doing: "reading a blob",
-                        detail: "no Content-Length".into(),
-                    })?;
-                Ok(Some(BlobReader::Upstream(session, len)))
-            }
-        }
-    }
-
-    /// Delete `object`'s blob; an absent one is fine.
-    pub async fn remove(&self, object: ObjectId) -> Result<(), Error> {
-        match self {
-            Blobs::Dir(dir) => match tokio::fs::remove_file(dir.join(object.get().to_string()))
-                .await
-            {
-                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io("removing a blob")(e)),
-                _ => Ok(()),
-            },
-            Blobs::Upstream(up) => {
-                let mut session = up.start("DELETE", object, &[]).await?;
-                session
-                    .finish_request_body()
-                    .await
-                    .map_err(upstream("sending a request"))?;
-                let status = up.status(&mut session).await?;
-                up.release(session).await;
-                match status {
-                    200..=299 | 404 => Ok(()),
-                    s => Err(Error::Upstream {
-                        doing: "deleting a blob",
-                        detail: format!("status {s}"),
+                    (s, _) => return Err(upstream_status(doing, s)),
+                };
+                match (total, length) {
+                    (Some(total), Some(left)) => Ok(Some((
+                        BlobReader {
+                            source: Source::Upstream(session),
+                            left,
+                        },
+                        total,
+                    ))),
+                    _ => Err(Error::Upstream {
+                        doing,
+                        detail: "no usable Content-Length / Content-Range".into(),
                     }),
                 }
             }
         }
     }
 
-    /// Finish writing: durable (file synced, or the server answered 2xx).
-    pub async fn finish(&self, writer: BlobWriter) -> Result<(), Error> {
-        match (self, writer) {
-            (_, BlobWriter::File(file)) => file.sync_data().await.map_err(io("syncing a blob")),
-            (Blobs::Upstream(up), BlobWriter::Upstream(mut session)) => {
+    /// Delete `object`'s blob; an absent one is fine.
+    pub async fn remove(&self, object: ObjectId) -> Result<(), Error> {
+        match &self.place {
+            Place::Dir(dir) => match tokio::fs::remove_file(dir.join(self.name(object))).await {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io("removing a blob")(e)),
+                _ => Ok(()),
+            },
+            Place::Upstream(up) => {
+                let (status, session) = up.ask("DELETE", &self.name(object), &[]).await?;
+                up.release(session).await;
+                match status {
+                    200..=299 | 404 => Ok(()),
+                    s => Err(upstream_status("deleting a blob", s)),
+                }
+            }
+        }
+    }
+
+    /// Finish writing: the bytes durable (file and directory entry synced),
+    /// or the server answered 2xx. An unfinished blob is the caller's to
+    /// remove.
+    pub async fn finish(&self, writer: BlobWriter) -> Result<Written, Error> {
+        let written = Written {
+            length: writer.written,
+            sha256: writer.hasher.finalize().into(),
+        };
+        match (&self.place, writer.sink) {
+            (Place::Dir(dir), Sink::File(mut file)) => {
+                file.flush().await.map_err(io("flushing a blob"))?;
+                file.sync_all().await.map_err(io("syncing a blob"))?;
+                // The new name must survive a crash too, not only the bytes.
+                let dir = tokio::fs::File::open(dir)
+                    .await
+                    .map_err(io("opening the blob directory"))?;
+                dir.sync_all()
+                    .await
+                    .map_err(io("syncing the blob directory"))?;
+            }
+            (Place::Upstream(up), Sink::Upstream(mut session)) => {
                 session
                     .finish_request_body()
                     .await
                     .map_err(upstream("finishing an upload"))?;
                 let status = up.status(&mut session).await?;
                 up.release(session).await;
-                if (200..300).contains(&status) {
-                    Ok(())
-                } else {
-                    Err(Error::Upstream {
-                        doing: "uploading a blob",
-                        detail: format!("status {status}"),
-                    })
+                if !(200..300).contains(&status) {
+                    return Err(upstream_status("uploading a blob", status));
                 }
             }
-            (Blobs::Dir(_), BlobWriter::Upstream(_)) => Err(Error::Config(
-                "an upstream writer on a directory store".into(),
-            )),
+            _ => {
+                return Err(Error::Config("a writer of another blob store".into()));
+            }
         }
+        Ok(written)
     }
 
     /// Pool the connection of a reader read to the end.
     pub async fn done(&self, reader: BlobReader) {
-        if let (Blobs::Upstream(up), BlobReader::Upstream(session, _)) = (self, reader) {
+        if let (Place::Upstream(up), Source::Upstream(session)) = (&self.place, reader.source) {
             up.release(session).await;
         }
+    }
+
+    /// This store's blobs as the collector sees them: a directory listing,
+    /// or the upstream's JSON index (nginx `autoindex_format json`); `None`
+    /// if the upstream offers no listing. Other stores' blobs are left out.
+    pub async fn list(&self) -> Result<Option<Vec<Stored>>, Error> {
+        let mut out = Vec::new();
+        match &self.place {
+            Place::Dir(dir) => {
+                let mut entries = tokio::fs::read_dir(dir)
+                    .await
+                    .map_err(io("listing blobs"))?;
+                while let Some(entry) = entries.next_entry().await.map_err(io("listing blobs"))? {
+                    let Some(object) = entry.file_name().to_str().and_then(|n| self.object_of(n))
+                    else {
+                        continue;
+                    };
+                    if let Ok(modified) = entry.metadata().await.and_then(|m| m.modified()) {
+                        out.push(Stored { object, modified });
+                    }
+                }
+            }
+            Place::Upstream(up) => {
+                let (status, mut session) = up.ask("GET", "", &[]).await?;
+                let json = header(&session, "content-type")
+                    .is_some_and(|t| t.starts_with("application/json"));
+                if status != 200 || !json {
+                    up.release(session).await;
+                    return Ok(None);
+                }
+                let mut body = Vec::new();
+                while let Some(chunk) = session
+                    .read_response_body()
+                    .await
+                    .map_err(upstream("listing blobs"))?
+                {
+                    body.extend_from_slice(&chunk);
+                }
+                up.release(session).await;
+                #[derive(serde::Deserialize)]
+                struct Entry {
+                    name: String,
+                    #[serde(rename = "type")]
+                    kind: String,
+                    mtime: String,
+                }
+                let entries: Vec<Entry> =
+                    serde_json::from_slice(&body).map_err(|e| Error::Upstream {
+                        doing: "listing blobs",
+                        detail: e.to_string(),
+                    })?;
+                for entry in entries.into_iter().filter(|e| e.kind == "file") {
+                    if let (Some(object), Ok(modified)) = (
+                        self.object_of(&entry.name),
+                        httpdate::parse_http_date(&entry.mtime),
+                    ) {
+                        out.push(Stored { object, modified });
+                    }
+                }
+            }
+        }
+        Ok(Some(out))
     }
 }
 
@@ -276,40 +521,53 @@ impl BlobWriter {
         if chunk.is_empty() {
             return Ok(());
         }
-        match self {
-            BlobWriter::File(file) => file.write_all(&chunk).await.map_err(io("writing a blob")),
-            BlobWriter::Upstream(session) => session
+        self.hasher.update(&chunk);
+        self.written += chunk.len() as u64;
+        match &mut self.sink {
+            Sink::File(file) => file.write_all(&chunk).await.map_err(io("writing a blob")),
+            Sink::Upstream(session) => session
                 .write_request_body(chunk, false)
                 .await
                 .map_err(upstream("uploading a blob")),
         }
     }
+
+    /// Bytes written so far.
+    pub fn written(&self) -> u64 {
+        self.written
+    }
 }
 
 impl BlobReader {
-    /// The blob's length in bytes.
-    pub fn len(&self) -> u64 {
-        match self {
-            BlobReader::File(_, n) | BlobReader::Upstream(_, n) => *n,
-        }
+    /// Bytes still to come.
+    pub fn left(&self) -> u64 {
+        self.left
     }
 
-    /// Whether the blob is empty.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// The next chunk; `None` at the end.
+    /// The next chunk; `None` at the end (of the blob or of the range).
     pub async fn next(&mut self, buf: &mut [u8]) -> Result<Option<Bytes>, Error> {
-        match self {
-            BlobReader::File(file, _) => {
-                let n = file.read(buf).await.map_err(io("reading a blob"))?;
-                Ok((n > 0).then(|| Bytes::copy_from_slice(&buf[..n])))
+        if self.left == 0 {
+            return Ok(None);
+        }
+        let chunk = match &mut self.source {
+            Source::File(file) => {
+                let max = buf
+                    .len()
+                    .min(usize::try_from(self.left).unwrap_or(usize::MAX));
+                let n = file
+                    .read(&mut buf[..max])
+                    .await
+                    .map_err(io("reading a blob"))?;
+                (n > 0).then(|| Bytes::copy_from_slice(&buf[..n]))
             }
-            BlobReader::Upstream(session, _) => session
+            Source::Upstream(session) => session
                 .read_response_body()
                 .await
-                .map_err(upstream("reading a blob")),
+                .map_err(upstream("reading a blob"))?,
+        };
+        if let Some(chunk) = &chunk {
+            self.left = self.left.saturating_sub(chunk.len() as u64);
         }
+        Ok(chunk)
     }
 }

@@ -1,7 +1,10 @@
-//! The asynchronous collector, as a Pingora background service: rows of
-//! unpublished objects older than the retention window (lost races, crashed
-//! uploads), then their blobs; in a blob directory also old files that no
-//! row names (their row was collected while the file was still being written).
+//! The asynchronous collector, as a Pingora background service, in bounded
+//! batches: rows of unpublished objects older than the retention window
+//! (lost races, crashed uploads) and then their blobs; and blobs of this
+//! store that no row names (a crash between deleting a row and its blob,
+//! or an upload that outlived the retention window), found by listing the
+//! directory or the upstream's JSON index. A row is always staged before
+//! its blob is created, so a blob being written has a row.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -11,9 +14,12 @@ use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 
 use crate::blobs::Blobs;
-use crate::error::{Error, io};
-use crate::proxy::blocking;
+use crate::error::Error;
+use crate::http::blocking;
 use crate::store::Store;
+
+/// Rows (and blobs) handled per database call.
+const BATCH: usize = 256;
 
 /// Collects unreferenced objects every `interval`.
 pub struct Collector {
@@ -41,38 +47,40 @@ impl Collector {
 
     /// One pass; returns the number of blobs deleted.
     pub async fn pass(&self) -> Result<usize, Error> {
-        let (store, retention) = (self.store.clone(), self.retention);
-        let gone = blocking(move || store.collect(retention)).await?;
         let mut removed = 0;
-        for object in gone {
-            self.blobs.remove(object).await?;
-            removed += 1;
+        loop {
+            let (store, retention) = (self.store.clone(), self.retention);
+            let gone = blocking(move || store.collect(retention, BATCH)).await?;
+            let full = gone.len() == BATCH;
+            for object in gone {
+                self.blobs.remove(object).await?;
+                removed += 1;
+            }
+            if !full {
+                break;
+            }
         }
-        if let Blobs::Dir(dir) = &*self.blobs {
-            let now = SystemTime::now();
-            let mut entries = tokio::fs::read_dir(dir)
-                .await
-                .map_err(io("listing blobs"))?;
-            while let Some(entry) = entries.next_entry().await.map_err(io("listing blobs"))? {
-                let Some(id) = entry
-                    .file_name()
-                    .to_str()
-                    .and_then(|n| n.parse::<i64>().ok())
-                else {
-                    continue;
-                };
-                let old = entry
-                    .metadata()
-                    .await
-                    .and_then(|m| m.modified())
-                    .ok()
-                    .and_then(|m| now.duration_since(m).ok())
-                    .is_some_and(|age| age >= self.retention);
-                let store = self.store.clone();
-                if old && !blocking(move || store.exists(id)).await? {
-                    self.blobs
-                        .remove(fencecheck_sqlite::ObjectId::from_raw(id))
-                        .await?;
+        // Blobs without a row, old enough that no upload can still be
+        // writing one (its row would exist then).
+        let Some(stored) = self.blobs.list().await? else {
+            return Ok(removed);
+        };
+        let now = SystemTime::now();
+        let old: Vec<_> = stored
+            .into_iter()
+            .filter(|s| {
+                now.duration_since(s.modified)
+                    .is_ok_and(|age| age >= self.retention)
+            })
+            .map(|s| s.object)
+            .collect();
+        for batch in old.chunks(BATCH) {
+            let ids: Vec<i64> = batch.iter().map(|o| o.get()).collect();
+            let store = self.store.clone();
+            let existing = blocking(move || store.existing(&ids)).await?;
+            for object in batch {
+                if !existing.contains(&object.get()) {
+                    self.blobs.remove(*object).await?;
                     removed += 1;
                 }
             }

@@ -44,9 +44,48 @@ pub enum Error {
     /// The gateway's configuration is unusable.
     #[error("configuration: {0}")]
     Config(String),
+    /// A publish committed but its fsync failed: it is visible now, and may
+    /// not survive a power loss (answered as an unknown commit).
+    #[error("the committed publish could not be synced: {0}")]
+    Unsynced(#[source] std::io::Error),
     /// A blocking task died (panicked or was cancelled).
     #[error("a storage task did not finish: {0}")]
     Task(String),
+}
+
+impl Error {
+    /// Whether the blob store or the database ran out of space (ENOSPC,
+    /// EDQUOT, SQLite's "database or disk is full", an upstream 507): the
+    /// client gets 507, not 503.
+    pub fn is_full(&self) -> bool {
+        if let Error::Upstream { detail, .. } = self {
+            return detail == "status 507";
+        }
+        let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(self);
+        while let Some(e) = cause {
+            if let Some(io) = e.downcast_ref::<std::io::Error>()
+                && matches!(io.raw_os_error(), Some(28 | 122))
+            {
+                return true;
+            }
+            if let Some(rusqlite::Error::SqliteFailure(f, _)) = e.downcast_ref::<rusqlite::Error>()
+                && f.code == rusqlite::ErrorCode::DiskFull
+            {
+                return true;
+            }
+            cause = e.source();
+        }
+        false
+    }
+
+    /// Whether a PostgreSQL commit was in flight when the connection failed:
+    /// the publish may or may not have committed.
+    pub fn is_commit_unknown(&self) -> bool {
+        matches!(
+            self,
+            Error::Postgres(fencecheck_postgres::Error::CommitUnknown(_)) | Error::Unsynced(_)
+        )
+    }
 }
 
 /// `map_err` helper for I/O steps.

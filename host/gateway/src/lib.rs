@@ -1,36 +1,59 @@
 //! fencecheck-gateway: an HTTP gateway, on Pingora, that fences writes to
 //! objects with the fencecheck component.
 //!
-//! `PUT /objects/{key}` with `Fence-Token` streams the body to a blob named
-//! by a never-reused id, then ONE SQLite transaction runs the component's
+//! `PUT /objects/{key}` with `Fence-Token` streams the body to a new blob
+//! (flushed and synced), then ONE database transaction runs the component's
 //! check and moves the key's pointer to it (the publish protocol of
 //! `fencecheck-sqlite`, docs/design.md §8). `GET`/`HEAD` serve the object the
-//! pointer makes visible; `DELETE` moves it to a tombstone, fenced the same
-//! way. A stale writer gets 409 and changes nothing.
+//! pointer makes visible (conditional, ranges); `DELETE` moves it to a
+//! tombstone, fenced the same way. A stale writer gets 409 and changes
+//! nothing. Callers authenticate with a bearer secret and hold read, write
+//! and lock rights per key prefix ([`Auth`]).
 //!
-//! Blobs live in a directory or on an HTTP file server with WebDAV PUT and
-//! DELETE ([`Blobs`]); the [`Collector`] deletes unpublished ones after a
-//! retention window. `POST /v1/locks/{lock}/acquire|renew|release` hands
-//! out leases and their tokens from a coordinator (`fencecheck-authority`).
-//! SIGHUP reloads the component once the new one passes the conformance
-//! vectors ([`Reloader`]).
+//! # Layout
+//!
+//! A request's life, one module per step: the connection bound and header
+//! deadline ([`Guarded`]), the route, authentication and authorization
+//! ([`Auth`]), the handler of its surface (objects, locks), then the store
+//! ([`Store`]: pointers, fences, the gateway's facts about blobs) and the
+//! blobs ([`Blobs`]: a directory or a WebDAV server). Beside it: the
+//! [`Collector`] deletes unpublished blobs after a retention window, the
+//! [`Reloader`] swaps the component (vetted by the conformance vectors) and
+//! the auth file on SIGHUP, [`Metrics`] for Prometheus.
+//!
+//! ```
+//! use fencecheck_gateway::{Auth, Right, validate_key};
+//!
+//! // Keys are percent-encoded UTF-8; `..` is refused in every spelling.
+//! assert_eq!(validate_key("reports/caf%C3%A9").as_deref(), Ok("reports/café"));
+//! assert!(validate_key("reports/%2e%2e/secrets").is_err());
+//!
+//! // Without --auth (loopback only) every caller holds every right.
+//! let open = Auth::open();
+//! let caller = open.authenticate(None).expect("open mode");
+//! assert!(caller.may(Right::Write, "reports/july"));
+//! ```
 
+mod auth;
 mod blobs;
 mod collector;
 mod error;
+mod http;
 mod key;
 mod locks;
 mod metrics;
-mod proxy;
+mod pgtls;
 mod reload;
 mod store;
 
-pub use blobs::{BlobReader, BlobWriter, Blobs, Upstream};
+pub use auth::{Auth, Caller, MAX_PRINCIPAL_NAME, Principal, Principals, Right, Unauthenticated};
+pub use blobs::{BlobReader, BlobWriter, Blobs, Stored, Upstream, Written};
 pub use collector::Collector;
 pub use error::Error;
-pub use key::{KeyError, validate_key};
-pub use locks::{LockReply, MAX_LOCK_BODY, handle as handle_lock};
+pub use http::{Config, Ctx, Gateway, Guarded, Limits, Pace};
+pub use key::{KeyError, encode_key, validate_key};
+pub use locks::{LockPolicy, LockReply, MAX_LOCK_BODY, handle as handle_lock};
 pub use metrics::Metrics;
-pub use proxy::{Config, Ctx, Gateway};
+pub use pgtls::PgConnect;
 pub use reload::{Reloader, VECTORS, vetted};
-pub use store::{Current, Kind, Store};
+pub use store::{Current, Head, Kind, Listed, Meta, Store};

@@ -98,43 +98,103 @@ fn failed(e: AuthorityError) -> LockReply {
     }
 }
 
+/// Who asks, and the bound on every lease.
+#[derive(Clone, Copy, Debug)]
+pub struct LockPolicy<'a> {
+    /// The principal asking (`None`: open mode). Its leases are stored under
+    /// `NAME/LEASE-ID`, so a lease id another principal chose (or guessed)
+    /// names a different lease: renewing or releasing it is `lost` /
+    /// `not-owner`, and acquiring it is `busy`.
+    pub owner: Option<&'a str>,
+    /// The longest `ttl_ms` accepted; more is 400.
+    pub max_ttl_ms: u64,
+}
+
+impl LockPolicy<'_> {
+    /// The lease id the coordinator stores for `lease_id`.
+    fn stored(&self, lease_id: &str) -> Result<String, LockReply> {
+        if lease_id.is_empty() {
+            return Err(problem(400, "bad-request", "lease_id must not be empty"));
+        }
+        let stored = match self.owner {
+            None => lease_id.to_owned(),
+            Some(owner) => format!("{owner}/{lease_id}"),
+        };
+        if stored.len() > fencecheck::MAX_LEASE_ID_BYTES {
+            let room = fencecheck::MAX_LEASE_ID_BYTES - (stored.len() - lease_id.len());
+            return Err(problem(
+                400,
+                "bad-request",
+                &format!("lease_id must be at most {room} bytes"),
+            ));
+        }
+        Ok(stored)
+    }
+
+    fn ttl(&self, ttl_ms: u64) -> Result<u64, LockReply> {
+        if ttl_ms > self.max_ttl_ms {
+            let mut r = problem(
+                400,
+                "ttl-too-long",
+                &format!(
+                    "ttl_ms is over this gateway's --max-ttl ({} ms)",
+                    self.max_ttl_ms
+                ),
+            );
+            r.body["max_ttl_ms"] = json!(self.max_ttl_ms);
+            return Err(r);
+        }
+        Ok(ttl_ms)
+    }
+}
+
 /// Decide `action` on `lock` (already validated) with `body`. Blocks.
 pub fn handle(
     coordinator: &Arc<dyn Coordinator>,
     lock: &str,
     action: &str,
     body: &[u8],
+    policy: LockPolicy<'_>,
 ) -> LockReply {
     let parse_error = |e: serde_json::Error| problem(400, "bad-request", &e.to_string());
     let result = match action {
         "acquire" => serde_json::from_slice::<Acquire>(body)
             .map_err(parse_error)
-            .map(|a| match coordinator.acquire(lock, &a.lease_id, a.ttl_ms) {
-                Ok(AcquireOutcome::Acquired(g)) => reply(
-                    200,
-                    "acquired",
-                    json!({
-                        "lock": g.lock,
-                        "lease_id": g.lease_id,
-                        "token": g.token_text().to_string(),
-                        "expires_at": g.expires_at,
-                        "decided_at": g.decided_at,
-                    }),
-                ),
-                // The holder's lease id is not disclosed: with the token it
-                // is what renew and release ask for.
-                Ok(AcquireOutcome::Busy { expires_at, .. }) => {
-                    let mut r = problem(409, "busy", "another lease holds this lock");
-                    r.body["expires_at"] = json!(expires_at);
-                    r
-                }
-                Err(e) => failed(e),
-            }),
+            .and_then(|a| Ok((policy.stored(&a.lease_id)?, policy.ttl(a.ttl_ms)?, a)))
+            .map(
+                |(stored, ttl, a)| match coordinator.acquire(lock, &stored, ttl) {
+                    Ok(AcquireOutcome::Acquired(g)) => reply(
+                        200,
+                        "acquired",
+                        json!({
+                            "lock": g.lock,
+                            "lease_id": a.lease_id,
+                            "token": g.token_text().to_string(),
+                            "expires_at": g.expires_at,
+                            "decided_at": g.decided_at,
+                        }),
+                    ),
+                    // The holder's lease id is not disclosed: with the token it
+                    // is what renew and release ask for.
+                    Ok(AcquireOutcome::Busy { expires_at, .. }) => {
+                        let mut r = problem(409, "busy", "another lease holds this lock");
+                        r.body["expires_at"] = json!(expires_at);
+                        r
+                    }
+                    Err(e) => failed(e),
+                },
+            ),
         "renew" => serde_json::from_slice::<Renew>(body)
             .map_err(parse_error)
-            .and_then(|r| Ok((token(&r.token)?, r)))
+            .and_then(|r| {
+                Ok((
+                    token(&r.token)?,
+                    policy.stored(&r.lease_id)?,
+                    policy.ttl(r.ttl_ms)?,
+                ))
+            })
             .map(
-                |(t, r)| match coordinator.renew(lock, &r.lease_id, t, r.ttl_ms) {
+                |(t, stored, ttl)| match coordinator.renew(lock, &stored, t, ttl) {
                     Ok(RenewOutcome::Renewed { expires_at }) => {
                         reply(200, "renewed", json!({"expires_at": expires_at}))
                     }
@@ -146,8 +206,8 @@ pub fn handle(
             ),
         "release" => serde_json::from_slice::<Release>(body)
             .map_err(parse_error)
-            .and_then(|r| Ok((token(&r.token)?, r)))
-            .map(|(t, r)| match coordinator.release(lock, &r.lease_id, t) {
+            .and_then(|r| Ok((token(&r.token)?, policy.stored(&r.lease_id)?)))
+            .map(|(t, stored)| match coordinator.release(lock, &stored, t) {
                 Ok(ReleaseOutcome::Released) => reply(200, "released", json!({"released": true})),
                 Ok(ReleaseOutcome::NotOwner) => {
                     problem(409, "not-owner", "not the current lease; nothing changed")

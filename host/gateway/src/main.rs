@@ -9,7 +9,10 @@ use clap::Parser;
 use fencecheck_authority::{
     Coordinator, PostgresCoordinator, SigningCoordinator, SqliteCoordinator, SystemClock,
 };
-use fencecheck_gateway::{Blobs, Collector, Config, Gateway, Metrics, Reloader, Store, Upstream};
+use fencecheck_gateway::{
+    Auth, Blobs, Collector, Config, Gateway, Guarded, Limits, Metrics, Pace, PgConnect, Reloader,
+    Store, Upstream,
+};
 use pingora::server::Server;
 use pingora::server::configuration::ServerConf;
 
@@ -17,20 +20,42 @@ use pingora::server::configuration::ServerConf;
 #[derive(Parser, Debug)]
 #[command(version)]
 struct Args {
-    /// Address to listen on (keep it on loopback unless fronted by TLS).
+    /// Address to listen on. Without --auth only a loopback address is
+    /// accepted (or any, with --insecure-open).
     #[arg(long, default_value = "127.0.0.1:8080")]
     listen: String,
+    /// Principals and their rights (TOML; SIGHUP reloads it). Every request
+    /// but /healthz must then carry `Authorization: Bearer SECRET`.
+    #[arg(long, value_name = "FILE")]
+    auth: Option<PathBuf>,
+    /// Serve without --auth on a non-loopback address: anyone who reaches
+    /// it may read, write, delete and lock everything.
+    #[arg(long)]
+    insecure_open: bool,
+    /// Serve HTTPS with this certificate chain (PEM; with --tls-key).
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Longest lease, in seconds: a larger ttl_ms is refused (400).
+    #[arg(long, default_value_t = 60)]
+    max_ttl: u64,
     /// Directory for the SQLite databases (pointers and fences in
     /// fencecheck.db, leases in locks.db; not with --postgres), and for blobs
     /// (in DIR/blobs) unless --upstream is given.
     #[arg(long)]
     data: PathBuf,
     /// Keep pointers, fence states and leases in this PostgreSQL database
-    /// (libpq connection string, no TLS) instead of SQLite: every gateway
-    /// given the same database (and the same blobs: one --upstream, or one
-    /// --data directory on one machine) enforces one high-water mark per key.
+    /// (libpq connection string, no password in it: use PGPASSFILE or
+    /// PGPASSWORD) instead of SQLite: every gateway given the same database
+    /// (and the same blobs: one --upstream, or one --data directory on one
+    /// machine) enforces one high-water mark per key.
     #[arg(long)]
     postgres: Option<String>,
+    /// PostgreSQL connections at most (the store's pool).
+    #[arg(long, default_value_t = 16)]
+    pg_pool: usize,
     /// Keep blobs on this HTTP file server (WebDAV PUT/GET/DELETE), e.g.
     /// http://127.0.0.1:8081/blobs/
     #[arg(long)]
@@ -45,12 +70,34 @@ struct Args {
     /// Largest accepted request body, in bytes.
     #[arg(long, default_value_t = 64 << 20)]
     max_body: u64,
-    /// Seconds to wait for the next chunk of a request body.
+    /// Seconds to wait for the next chunk of a request body (also the
+    /// grace before --min-rate applies, and the bound on each response write).
     #[arg(long, default_value_t = 10)]
     body_timeout: u64,
-    /// Object requests served at once; more get 503 with Retry-After.
+    /// Seconds for a whole request body.
+    #[arg(long, default_value_t = 300)]
+    body_deadline: u64,
+    /// Least average rate of request bodies and of response writes, in
+    /// bytes per second (0: none).
+    #[arg(long, default_value_t = 1024)]
+    min_rate: u64,
+    /// Seconds for a whole response body.
+    #[arg(long, default_value_t = 300)]
+    response_deadline: u64,
+    /// Seconds for a whole request header (and keep-alive idle time).
+    #[arg(long, default_value_t = 10)]
+    header_timeout: u64,
+    /// Client connections at once; more are answered 503 and closed.
+    #[arg(long, default_value_t = 1024)]
+    max_connections: usize,
+    /// Storage operations at once (a database call, a lease decision);
+    /// clients being waited for (slow bodies, slow downloads) never hold one.
     #[arg(long, default_value_t = 256)]
     max_in_flight: usize,
+    /// Milliseconds a request waits for a free storage slot (see
+    /// --max-in-flight) before it gets 503 with Retry-After.
+    #[arg(long, default_value_t = 1000)]
+    queue_timeout_ms: u64,
     /// Seconds an unpublished blob is kept before the collector deletes it
     /// (must exceed the longest upload).
     #[arg(long, default_value_t = 600)]
@@ -64,6 +111,12 @@ struct Args {
     /// `fencecheck_keys`, set with `fencecheck keys set`) accept.
     #[arg(long, value_name = "FILE")]
     signing_key: Option<PathBuf>,
+    /// SQLite: fsync each publish on its own instead of sharing one fsync
+    /// among the publishes that arrive together (group commit, the
+    /// default); both answer only once the publish is on disk. For
+    /// measuring the difference.
+    #[arg(long)]
+    per_publish_sync: bool,
     /// Worker threads for the HTTP service.
     #[arg(long, default_value_t = 2)]
     threads: usize,
@@ -71,12 +124,33 @@ struct Args {
 
 fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .init();
     let args = Args::parse();
+    let loopback = is_loopback(&args.listen)?;
+    let auth = Arc::new(match &args.auth {
+        Some(path) => {
+            let auth = Auth::from_file(path).context("loading --auth")?;
+            tracing::info!(principals = auth.principals(), "authentication on");
+            auth
+        }
+        None if loopback => {
+            tracing::warn!(listen = %args.listen, "no --auth: open mode on loopback, every local process may read, write and lock every key");
+            Auth::open()
+        }
+        None if args.insecure_open => {
+            tracing::warn!(listen = %args.listen, "no --auth and --insecure-open: anyone who reaches this address may read, write and lock every key");
+            Auth::open()
+        }
+        None => anyhow::bail!(
+            "refusing to listen on {} (not loopback) without --auth FILE; --insecure-open serves it open anyway",
+            args.listen
+        ),
+    });
     // The component must pass the conformance vectors before it serves.
     let runtime = fencecheck_gateway::vetted(args.component.as_deref())
         .map_err(|e| anyhow::anyhow!("refusing the component: {e}"))?;
@@ -95,16 +169,33 @@ fn main() -> anyhow::Result<()> {
                 )
                 .context("opening the lease coordinator")?,
             ),
-            Store::open(&args.data, runtime)
-                .with_context(|| format!("opening the store in {}", args.data.display()))?,
+            {
+                let store = Store::open(&args.data, runtime)
+                    .with_context(|| format!("opening the store in {}", args.data.display()))?;
+                if args.per_publish_sync {
+                    store.per_publish_sync()
+                } else {
+                    store
+                }
+            },
         ),
-        Some(url) => (
-            Arc::new(
-                PostgresCoordinator::open(url, runtime.clone(), Arc::new(SystemClock))
+        Some(url) => {
+            let pg = PgConnect::resolve(url)?;
+            tracing::info!(tls = pg.is_tls(), pool = args.pg_pool, "PostgreSQL");
+            let for_leases = pg.clone();
+            (
+                Arc::new(
+                    PostgresCoordinator::open_with(
+                        Arc::new(move || for_leases.connect()),
+                        runtime.clone(),
+                        Arc::new(SystemClock),
+                    )
                     .context("opening the PostgreSQL lease coordinator")?,
-            ),
-            Store::open_postgres(url, runtime).context("opening the PostgreSQL store")?,
-        ),
+                ),
+                Store::open_postgres(pg, runtime, args.pg_pool.max(1))
+                    .context("opening the PostgreSQL store")?,
+            )
+        }
     };
     let coordinator: Arc<dyn Coordinator> = match &args.signing_key {
         None => coordinator,
@@ -124,35 +215,71 @@ fn main() -> anyhow::Result<()> {
     let store = Arc::new(store);
 
     let blobs = Arc::new(match &args.upstream {
-        Some(url) => Blobs::Upstream(Box::new(Upstream::new(
-            url,
-            Duration::from_secs(args.upstream_timeout),
-        )?)),
+        Some(url) => Blobs::upstream(
+            Upstream::new(url, Duration::from_secs(args.upstream_timeout))?,
+            store.id(),
+        ),
         None => {
             let dir = args.data.join("blobs");
             std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-            Blobs::Dir(dir)
+            Blobs::dir(dir, store.id())
         }
     });
     let config = Config {
         max_body: args.max_body,
-        body_timeout: Duration::from_secs(args.body_timeout),
-        max_in_flight: args.max_in_flight,
+        pace: Pace {
+            chunk: Duration::from_secs(args.body_timeout.max(1)),
+            total: Duration::from_secs(args.body_deadline.max(1)),
+            min_rate: args.min_rate,
+        },
+        response_deadline: Duration::from_secs(args.response_deadline.max(1)),
+        min_send_rate: args.min_rate,
+        max_in_flight: args.max_in_flight.max(1),
+        queue_wait: Duration::from_millis(args.queue_timeout_ms),
+        max_ttl: Duration::from_secs(args.max_ttl),
+    };
+    let limits = Limits {
+        max_connections: args.max_connections.max(1),
+        header_timeout: Duration::from_secs(args.header_timeout.max(1)),
     };
     let metrics = Arc::new(Metrics::new().context("registering metrics")?);
     metrics.component(&component_version);
-    let reloader = Reloader::new(store.clone(), args.component.clone(), metrics.clone());
+    let reloader = Reloader::new(
+        store.clone(),
+        args.component.clone(),
+        auth.clone(),
+        metrics.clone(),
+    );
     let conf = ServerConf {
         threads: args.threads,
         ..ServerConf::default()
     };
     let mut server = Server::new_with_opt_and_conf(None, conf);
     server.bootstrap();
-    let mut service = pingora::proxy::http_proxy_service(
+    let proxy = pingora::proxy::http_proxy(
         &server.configuration,
-        Gateway::new(store.clone(), blobs.clone(), coordinator, config, metrics),
+        Gateway::new(
+            store.clone(),
+            blobs.clone(),
+            coordinator,
+            auth,
+            config,
+            metrics.clone(),
+        ),
     );
-    service.add_tcp(&args.listen);
+    let mut service = pingora::services::listening::Service::new(
+        "fencecheck-gateway".to_owned(),
+        Guarded::new(proxy, limits, metrics),
+    );
+    match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => {
+            let (cert, key) = tls_files(cert, key)?;
+            service
+                .add_tls(&args.listen, &cert, &key)
+                .context("adding the TLS listener")?;
+        }
+        _ => service.add_tcp(&args.listen),
+    }
     server.add_service(service);
     // Unpublished blobs (lost races, crashed uploads) go after the window.
     let collector = Collector::new(
@@ -170,4 +297,33 @@ fn main() -> anyhow::Result<()> {
     ));
     tracing::info!(listen = %args.listen, data = %args.data.display(), "serving");
     server.run_forever()
+}
+
+/// Whether every address `listen` resolves to is a loopback one.
+fn is_loopback(listen: &str) -> anyhow::Result<bool> {
+    let addrs: Vec<_> = std::net::ToSocketAddrs::to_socket_addrs(listen)
+        .with_context(|| format!("--listen {listen:?}"))?
+        .collect();
+    Ok(!addrs.is_empty() && addrs.iter().all(|a| a.ip().is_loopback()))
+}
+
+/// The --tls-cert and --tls-key paths, checked: Pingora panics on files it
+/// cannot use, so they are loaded (and the key matched to the certificate)
+/// here first, for a clear error.
+fn tls_files(cert: &std::path::Path, key: &std::path::Path) -> anyhow::Result<(String, String)> {
+    let text = |p: &std::path::Path| {
+        p.to_str()
+            .map(str::to_owned)
+            .with_context(|| format!("{} is not UTF-8", p.display()))
+    };
+    let (cert, key) = (text(cert)?, text(key)?);
+    let (chain, private) = pingora::tls::load_certs_and_key_files(&cert, &key)
+        .map_err(|e| anyhow::anyhow!("reading --tls-cert/--tls-key: {e}"))?
+        .with_context(|| format!("no certificate in {cert} or no private key in {key}"))?;
+    pingora::tls::install_default_crypto_provider();
+    pingora::tls::ServerConfig::builder()
+        .with_no_client_auth()
+        .with_single_cert(chain, private)
+        .map_err(|e| anyhow::anyhow!("--tls-cert and --tls-key do not work together: {e}"))?;
+    Ok((cert, key))
 }

@@ -5,7 +5,8 @@
 use std::time::Duration;
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
+    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
 };
 
 /// Epochs above this are counted together as `other`.
@@ -17,7 +18,11 @@ pub struct Metrics {
     decisions: IntCounterVec,
     latency: HistogramVec,
     reloads: IntCounterVec,
+    auth_reloads: IntCounterVec,
     component: IntGaugeVec,
+    connections: IntGauge,
+    refused: IntCounter,
+    in_flight: IntGauge,
 }
 
 impl Metrics {
@@ -53,6 +58,29 @@ impl Metrics {
             ),
             &["version"],
         )?;
+        let auth_reloads = IntCounterVec::new(
+            Opts::new(
+                "fencecheck_gateway_auth_reloads_total",
+                "Reloads of the --auth file by result (ok, refused)",
+            ),
+            &["result"],
+        )?;
+        let connections = IntGauge::new(
+            "fencecheck_gateway_connections",
+            "Client connections open now",
+        )?;
+        let refused = IntCounter::new(
+            "fencecheck_gateway_connections_refused_total",
+            "Connections answered 503 at once: over --max-connections",
+        )?;
+        let in_flight = IntGauge::new(
+            "fencecheck_gateway_in_flight",
+            "Storage operations running now (bounded by --max-in-flight)",
+        )?;
+        registry.register(Box::new(auth_reloads.clone()))?;
+        registry.register(Box::new(connections.clone()))?;
+        registry.register(Box::new(refused.clone()))?;
+        registry.register(Box::new(in_flight.clone()))?;
         registry.register(Box::new(component.clone()))?;
         registry.register(Box::new(reloads.clone()))?;
         registry.register(Box::new(decisions.clone()))?;
@@ -62,7 +90,11 @@ impl Metrics {
             decisions,
             latency,
             reloads,
+            auth_reloads,
             component,
+            connections,
+            refused,
+            in_flight,
         })
     }
 
@@ -95,6 +127,26 @@ impl Metrics {
     /// Count one reload attempt.
     pub fn reloaded(&self, result: &str) {
         self.reloads.with_label_values(&[result]).inc();
+    }
+
+    /// Count one reload of the auth file.
+    pub fn auth_reloaded(&self, result: &str) {
+        self.auth_reloads.with_label_values(&[result]).inc();
+    }
+
+    /// A connection opened (`1`) or closed (`-1`).
+    pub fn connections(&self, delta: i64) {
+        self.connections.add(delta);
+    }
+
+    /// A connection was refused (over the bound).
+    pub fn connection_refused(&self) {
+        self.refused.inc();
+    }
+
+    /// Storage operations running now.
+    pub fn in_flight(&self, n: i64) {
+        self.in_flight.set(n);
     }
 
     /// The component now serving is at WIT package `version` (one series:

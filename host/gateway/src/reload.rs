@@ -1,7 +1,8 @@
-//! Component reload: on SIGHUP, load the component again (the `--component`
-//! file, or the embedded one), run every conformance vector against it, and
-//! only if all pass swap it into the store. Requests in flight finish on the
-//! instance they hold; new ones get instances of the new component.
+//! Reload on SIGHUP: the component (the `--component` file, or the embedded
+//! one) is loaded again and swapped into the store only if it passes every
+//! conformance vector; requests in flight finish on the instance they hold,
+//! new ones get instances of the new component. The `--auth` file is read
+//! again and swapped whole only if it parses. Either refusal keeps the old.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -12,6 +13,7 @@ use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 use tokio::signal::unix::{SignalKind, signal};
 
+use crate::auth::Auth;
 use crate::metrics::Metrics;
 use crate::store::Store;
 
@@ -45,15 +47,23 @@ pub fn vetted(path: Option<&Path>) -> Result<Runtime, String> {
 pub struct Reloader {
     store: Arc<Store>,
     path: Option<PathBuf>,
+    auth: Arc<Auth>,
     metrics: Arc<Metrics>,
 }
 
 impl Reloader {
-    /// Reload `store`'s component from `path` (`None`: embedded) on SIGHUP.
-    pub fn new(store: Arc<Store>, path: Option<PathBuf>, metrics: Arc<Metrics>) -> Self {
+    /// Reload `store`'s component from `path` (`None`: embedded), and
+    /// `auth`'s file, on SIGHUP.
+    pub fn new(
+        store: Arc<Store>,
+        path: Option<PathBuf>,
+        auth: Arc<Auth>,
+        metrics: Arc<Metrics>,
+    ) -> Self {
         Self {
             store,
             path,
+            auth,
             metrics,
         }
     }
@@ -87,6 +97,22 @@ impl BackgroundService for Reloader {
                 got = hangups.recv() => {
                     if got.is_none() {
                         return;
+                    }
+                    let auth = self.auth.clone();
+                    match tokio::task::spawn_blocking(move || auth.reload()).await {
+                        Ok(Ok(false)) => {}
+                        Ok(Ok(true)) => {
+                            tracing::info!(principals = self.auth.principals(), "auth file reloaded");
+                            self.metrics.auth_reloaded("ok");
+                        }
+                        Ok(Err(e)) => {
+                            tracing::warn!(error = %e, "auth reload refused; keeping the current principals");
+                            self.metrics.auth_reloaded("refused");
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, "auth reload failed; keeping the current principals");
+                            self.metrics.auth_reloaded("refused");
+                        }
                     }
                     match self.reload().await {
                         Ok(()) => {

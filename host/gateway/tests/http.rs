@@ -107,18 +107,21 @@ fn status_codes() -> anyhow::Result<()> {
     );
 
     // Same token, guarded by an op-id: applied once, then a duplicate that
-    // reports the original version and changes nothing.
+    // reports the original version and changes nothing; the op-id with
+    // another body is 422.
     let headers = [("Fence-Token", "1.3"), ("Idempotency-Key", "op-7")];
     let r = gw.request("PUT", "/objects/k", &headers, b"three")?;
     ensure!(
         r.status == 200 && r.header("etag") == Some("\"3\""),
         "{r:?}"
     );
-    let r = gw.request("PUT", "/objects/k", &headers, b"three, retried")?;
+    let r = gw.request("PUT", "/objects/k", &headers, b"three")?;
     ensure!(
         r.status == 200 && r.header("etag") == Some("\"3\""),
         "duplicate: {r:?}"
     );
+    let r = gw.request("PUT", "/objects/k", &headers, b"three, retried")?;
+    ensure!(r.status == 422, "reused: {r:?}");
     assert_visible(&gw, "k", b"three", 3)?;
 
     // If-Match on the wrong version: 412 with expected and actual.
@@ -221,8 +224,14 @@ fn bad_inputs_change_nothing() -> anyhow::Result<()> {
         (
             "PUT",
             "/objects/a/b".into(),
-            vec![("Fence-Token", "2.2"), ("If-Match", "*")],
+            vec![("Fence-Token", "2.2"), ("If-Match", "2")],
             400,
+        ),
+        (
+            "PUT",
+            "/objects/a/b".into(),
+            vec![("Fence-Token", "2.2"), ("If-None-Match", "*")],
+            412,
         ),
         (
             "PUT",
@@ -267,7 +276,8 @@ fn bad_inputs_change_nothing() -> anyhow::Result<()> {
             vec![("Fence-Token", "2.2")],
             400,
         ),
-        ("PUT", "/objects/".into(), vec![("Fence-Token", "2.2")], 400),
+        // The collection: only GET (the listing).
+        ("PUT", "/objects/".into(), vec![("Fence-Token", "2.2")], 405),
         (
             "PUT",
             "/objects/a%2fb".into(),
@@ -366,38 +376,76 @@ fn health_and_metrics() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The collector deletes blobs no row references (a crash between writing
-/// the blob and publishing), and keeps the visible one.
+/// The collector deletes this store's blobs no row references (a crash
+/// between deleting a row and its blob), keeps the visible one, and leaves
+/// files that are not this store's alone.
 #[test]
 fn collector_removes_orphans() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let gw = Gateway::start(dir.path(), &["--retention", "0", "--gc-interval", "1"])?;
     ensure!(put(&gw, "c", "0.1", b"kept")?.status == 201);
-    std::fs::write(dir.path().join("blobs").join("999999"), b"orphan")?;
+    let db = rusqlite::Connection::open(dir.path().join("fencecheck.db"))?;
+    let store: String = db.query_row(
+        "SELECT value FROM fencecheck_gateway_meta WHERE key = 'store'",
+        [],
+        |r| r.get(0),
+    )?;
+    let orphan = dir.path().join("blobs").join(format!("{store}-999999"));
+    std::fs::write(&orphan, b"orphan")?;
+    std::fs::write(dir.path().join("blobs").join("999999"), b"not ours")?;
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while gw.blob_count()? > 1 {
+    while orphan.exists() {
         ensure!(std::time::Instant::now() < deadline, "orphan not collected");
         std::thread::sleep(Duration::from_millis(100));
     }
+    ensure!(gw.blob_count()? == 2, "{} files", gw.blob_count()?);
     assert_visible(&gw, "c", b"kept", 1)
 }
 
-/// Over `--max-in-flight`, object requests get 503 with Retry-After at once
-/// (never a verdict on the token), and are served again once one finishes.
+/// Over `--max-in-flight`, a request that needs storage work gets 503 with
+/// Retry-After (never a verdict on the token), and is served again once
+/// the operation holding the only permit finishes; a GET is still served. The permit is held
+/// by a PUT whose staging waits for SQLite's write lock, which the test
+/// holds from outside.
 #[test]
 fn in_flight_bound_is_503() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let gw = Gateway::start(dir.path(), &["--max-in-flight", "1"])?;
-    let mut slow = gw.open("PUT", "/objects/busy", &[("Fence-Token", "0.1")], Some(4))?;
-    slow.send(b"ab")?;
-    std::thread::sleep(Duration::from_millis(200));
+    ensure!(put(&gw, "warm", "0.1", b"x")?.status == 201);
+    let db = rusqlite::Connection::open(dir.path().join("fencecheck.db"))?;
+    db.execute_batch("BEGIN IMMEDIATE")?;
+    let addr = gw.addr.clone();
+    let blocked = std::thread::spawn(move || {
+        common::request_to(
+            &addr,
+            "PUT",
+            "/objects/busy",
+            &[("Fence-Token", "0.1")],
+            b"abcd",
+        )
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(4);
+    while gw.metric("fencecheck_gateway_in_flight")? != Some(1.0) {
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "the PUT never held the permit"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let r = put(&gw, "other", "0.1", b"x")?;
     ensure!(
         r.status == 503 && r.header("retry-after") == Some("1"),
         "{r:?}"
     );
-    slow.send(b"cd")?;
-    ensure!(slow.finish()?.status == 201);
+    // Reads do not queue behind writes: a GET's pointer read runs on the
+    // request's own thread (SQLite, WAL), not in a storage slot.
+    let r = get(&gw, "warm")?;
+    ensure!(r.status == 200 && r.body == b"x", "{r:?}");
+    db.execute_batch("ROLLBACK")?;
+    let r = blocked
+        .join()
+        .map_err(|_| anyhow::anyhow!("the blocked PUT panicked"))??;
+    ensure!(r.status == 201, "{r:?}");
     ensure!(put(&gw, "other", "0.1", b"x")?.status == 201);
     Ok(())
 }

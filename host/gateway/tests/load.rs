@@ -65,15 +65,18 @@ fn run_load(
                         let guard = gw.lock().ok();
                         let target = guard.as_ref().and_then(|g| {
                             g.get(c % g.len().max(1))
-                                .map(|g| (g.addr.clone(), g.data.clone()))
+                                .map(|g| (g.addr.clone(), g.auth_header().unwrap_or_default()))
                         });
                         drop(guard);
-                        target.and_then(|(addr, _)| {
+                        target.and_then(|(addr, auth)| {
                             common::request_to(
                                 &addr,
                                 "PUT",
                                 &format!("/objects/{key}"),
-                                &[("Fence-Token", &format!("0.{token}"))],
+                                &[
+                                    ("Fence-Token", &format!("0.{token}")),
+                                    ("Authorization", &auth),
+                                ],
                                 format!("{key}:{token}").as_bytes(),
                             )
                             .ok()
@@ -161,12 +164,13 @@ fn check_history(
     Ok(best)
 }
 
-/// 64 clients, current and stale writers on 4 keys: the recorded history
-/// satisfies the fence, and each key shows the highest applied token's bytes.
+/// 64 clients, current and stale writers on 4 keys, authenticated: the
+/// recorded history satisfies the fence, and each key shows the highest
+/// applied token's bytes.
 #[test]
 fn load_history_is_fenced() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let gw = Gateway::start(dir.path(), &["--max-in-flight", "1024"])?;
+    let gw = Gateway::start_authed(dir.path(), &["--max-in-flight", "1024"])?;
     let gw = Arc::new(Mutex::new(vec![gw]));
     let started = Instant::now();
     let history = run_load(gw.clone(), 64, 20, Arc::new(AtomicBool::new(false)));
@@ -192,14 +196,14 @@ fn load_history_is_fenced() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// SIGKILL the gateway mid-load and restart it on the same data: no
+/// SIGKILL the authenticated gateway mid-load and restart it on the same data: no
 /// acknowledged publish is lost (each key shows a token at least as high as
 /// every acknowledged one, with its own bytes), nothing stale is visible, and
 /// the blobs of unpublished uploads are collected.
 #[test]
 fn sigkill_mid_load_loses_nothing_acknowledged() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let first = Gateway::start(dir.path(), &["--max-in-flight", "1024"])?;
+    let first = Gateway::start_authed(dir.path(), &["--max-in-flight", "1024"])?;
     let gw = Arc::new(Mutex::new(vec![first]));
     let stop = Arc::new(AtomicBool::new(false));
     let load = {
@@ -227,7 +231,7 @@ fn sigkill_mid_load_loses_nothing_acknowledged() -> anyhow::Result<()> {
     ensure!(acked > 0);
     let best = check_history(&history, true)?;
 
-    let restarted = Gateway::start(dir.path(), &["--retention", "0", "--gc-interval", "1"])?;
+    let restarted = Gateway::start_authed(dir.path(), &["--retention", "0", "--gc-interval", "1"])?;
     for (key, (version, token)) in &best {
         let r = restarted.request("GET", &format!("/objects/{key}"), &[], b"")?;
         ensure!(r.status == 200, "{key}: {}", r.status);
@@ -275,8 +279,8 @@ fn two_gateways_on_one_postgres_database_share_one_fence() -> anyhow::Result<()>
     let url = server.url();
     let dir = tempfile::tempdir()?;
     let flags = ["--postgres", url.as_str(), "--max-in-flight", "1024"];
-    let one = Gateway::start(dir.path(), &flags)?;
-    let two = Gateway::start(dir.path(), &flags)?;
+    let one = Gateway::start_authed(dir.path(), &flags)?;
+    let two = Gateway::start_authed(dir.path(), &flags)?;
 
     let put = |gw: &Gateway, token: &str, body: &str| {
         gw.request(

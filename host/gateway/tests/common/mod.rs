@@ -13,41 +13,145 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 
 pub mod nginx;
+pub mod pki;
+pub mod relay;
+
+/// The secret of the principal [`Gateway::start_authed`] configures.
+pub const ROOT_SECRET: &str = "s3cret-root-7f1d9a";
+
+/// Hex SHA-256 of `text` (what an auth file stores for a secret).
+pub fn sha256_hex(text: &str) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(text.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// One principal of a test auth file.
+pub struct Principal<'a> {
+    pub name: &'a str,
+    pub secret: &'a str,
+    pub read: &'a [&'a str],
+    pub write: &'a [&'a str],
+    pub lock: &'a [&'a str],
+}
+
+/// Write an auth file with `principals`.
+pub fn write_auth(path: &Path, principals: &[Principal<'_>]) -> anyhow::Result<()> {
+    let list = |items: &[&str]| {
+        let quoted: Vec<String> = items.iter().map(|i| format!("{i:?}")).collect();
+        format!("[{}]", quoted.join(", "))
+    };
+    let mut text = String::new();
+    for p in principals {
+        text.push_str(&format!(
+            "[[principal]]\nname = {:?}\nsecret_sha256 = \"{}\"\nread = {}\nwrite = {}\nlock = {}\n\n",
+            p.name,
+            sha256_hex(p.secret),
+            list(p.read),
+            list(p.write),
+            list(p.lock)
+        ));
+    }
+    std::fs::write(path, text)?;
+    Ok(())
+}
+
+/// `DATA/auth.toml` with one principal, `root`, holding every right on
+/// every key (secret [`ROOT_SECRET`]).
+pub fn root_auth(data: &Path) -> anyhow::Result<PathBuf> {
+    std::fs::create_dir_all(data)?;
+    let file = data.join("auth.toml");
+    write_auth(
+        &file,
+        &[Principal {
+            name: "root",
+            secret: ROOT_SECRET,
+            read: &[""],
+            write: &[""],
+            lock: &[""],
+        }],
+    )?;
+    Ok(file)
+}
 
 /// A running gateway; killed on drop.
 pub struct Gateway {
     pub child: Child,
     pub addr: String,
     pub data: PathBuf,
+    /// Sent as `Authorization: Bearer …` by [`Gateway::request`] and
+    /// [`Gateway::open`] unless the call sets its own.
+    pub bearer: Option<String>,
 }
 
 impl Gateway {
+    /// Start with `--auth` and one principal holding every right on every
+    /// key (secret [`ROOT_SECRET`]), which every request then presents.
+    pub fn start_authed(data: &Path, extra: &[&str]) -> anyhow::Result<Self> {
+        let file = root_auth(data)?.display().to_string();
+        let mut args = vec!["--auth", file.as_str()];
+        args.extend_from_slice(extra);
+        let mut gw = Self::spawn(data, &args, Some(ROOT_SECRET.to_owned()))?;
+        gw.wait_healthy()?;
+        Ok(gw)
+    }
+
     /// Start `fencecheck-gateway --data DIR` with `extra` flags; waits until
     /// /healthz answers.
     pub fn start(data: &Path, extra: &[&str]) -> anyhow::Result<Self> {
+        let mut gw = Self::spawn(data, extra, None)?;
+        gw.wait_healthy()?;
+        Ok(gw)
+    }
+
+    /// Start the process, not waiting for it.
+    pub fn spawn(data: &Path, extra: &[&str], bearer: Option<String>) -> anyhow::Result<Self> {
+        Self::spawn_logged(data, extra, bearer, None, &[])
+    }
+
+    /// Start the process with its stderr in `log` (file, `RUST_LOG` level).
+    pub fn spawn_logged(
+        data: &Path,
+        extra: &[&str],
+        bearer: Option<String>,
+        log: Option<(&Path, &str)>,
+        env: &[(&str, &Path)],
+    ) -> anyhow::Result<Self> {
         let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
         let addr = format!("127.0.0.1:{port}");
         let child = Command::new(env!("CARGO_BIN_EXE_fencecheck-gateway"))
             .args(["--listen", &addr, "--data"])
             .arg(data)
             .args(extra)
-            .env("RUST_LOG", "warn")
+            .env("RUST_LOG", log.map_or("warn", |l| l.1))
+            .envs(env.iter().map(|(k, v)| (*k, v.as_os_str())))
             .stdout(Stdio::null())
+            .stderr(match log {
+                Some((path, _)) => Stdio::from(std::fs::File::create(path)?),
+                None => Stdio::inherit(),
+            })
             .spawn()
             .context("spawning the gateway")?;
-        let mut gateway = Self {
+        Ok(Self {
             child,
             addr,
             data: data.to_owned(),
-        };
+            bearer,
+        })
+    }
+
+    /// Wait (bounded) until /healthz answers 200.
+    pub fn wait_healthy(&mut self) -> anyhow::Result<()> {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            if let Ok(r) = gateway.request("GET", "/healthz", &[], b"")
+            if let Ok(r) = self.request("GET", "/healthz", &[], b"")
                 && r.status == 200
             {
-                return Ok(gateway);
+                return Ok(());
             }
-            if let Some(status) = gateway.child.try_wait()? {
+            if let Some(status) = self.child.try_wait()? {
                 bail!("the gateway exited during startup: {status}");
             }
             if Instant::now() > deadline {
@@ -55,6 +159,11 @@ impl Gateway {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// The `Authorization` header this gateway's requests carry, if any.
+    pub fn auth_header(&self) -> Option<String> {
+        self.bearer.as_ref().map(|b| format!("Bearer {b}"))
     }
 
     /// One request on a fresh connection.
@@ -78,7 +187,24 @@ impl Gateway {
         headers: &[(&str, &str)],
         length: Option<usize>,
     ) -> anyhow::Result<Open> {
-        open_to(&self.addr, method, path, headers, length)
+        let auth = self.auth_header();
+        let mut all: Vec<(&str, &str)> = headers.to_vec();
+        if let Some(auth) = &auth
+            && !headers
+                .iter()
+                .any(|(n, _)| n.eq_ignore_ascii_case("authorization"))
+        {
+            all.push(("Authorization", auth.as_str()));
+        }
+        open_to(&self.addr, method, path, &all, length)
+    }
+
+    /// A series of `/metrics` (exact name with labels), if present.
+    pub fn metric(&self, series: &str) -> anyhow::Result<Option<f64>> {
+        let text = String::from_utf8(self.request("GET", "/metrics", &[], b"")?.body)?;
+        Ok(text
+            .lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok()))
     }
 
     /// Files in the blob directory.
@@ -188,7 +314,8 @@ pub struct Response {
 }
 
 impl Response {
-    fn parse(raw: &[u8]) -> anyhow::Result<Self> {
+    /// Parse a whole raw response.
+    pub fn parse(raw: &[u8]) -> anyhow::Result<Self> {
         let split = raw
             .windows(4)
             .position(|w| w == b"\r\n\r\n")

@@ -12,6 +12,7 @@ use anyhow::{Context, bail};
 /// A running nginx; killed on drop.
 pub struct Nginx {
     child: Child,
+    dir: PathBuf,
     /// `http://127.0.0.1:PORT`
     pub url: String,
     /// Where `/blobs/…` files land.
@@ -33,7 +34,8 @@ pid {d}/nginx.pid;
 error_log {d}/error.log warn;
 events {{ worker_connections 4096; }}
 http {{
-    access_log off;
+    log_format gw '$request_method $uri $status $body_bytes_sent';
+    access_log {d}/access.log gw;
     client_body_temp_path {d}/tmp/body;
     proxy_temp_path {d}/tmp/proxy;
     fastcgi_temp_path {d}/tmp/fastcgi;
@@ -46,6 +48,8 @@ http {{
         location /blobs/ {{
             dav_methods PUT DELETE;
             dav_access user:rw;
+            autoindex on;
+            autoindex_format json;
         }}
     }}
 }}
@@ -66,6 +70,7 @@ http {{
             .context("starting /usr/sbin/nginx (apt-get install nginx)")?;
         let mut nginx = Self {
             child,
+            dir: dir.to_owned(),
             url: format!("http://127.0.0.1:{port}"),
             root,
         };
@@ -81,6 +86,11 @@ http {{
             std::thread::sleep(Duration::from_millis(20));
         }
         Ok(nginx)
+    }
+
+    /// The access log so far: `METHOD URI STATUS BODY-BYTES-SENT` lines.
+    pub fn access_log(&self) -> anyhow::Result<String> {
+        Ok(std::fs::read_to_string(self.dir.join("access.log")).unwrap_or_default())
     }
 
     /// Files nginx holds under `/blobs/`.

@@ -1,0 +1,799 @@
+//! Pointers and fence states, through the publish protocol: in
+//! `DIR/fencecheck.db` (`fencecheck-sqlite`, the embedded default), or in a
+//! PostgreSQL database (`fencecheck-postgres`, `--postgres URL`) that any
+//! number of gateway processes share, one high-water mark per key. Object
+//! ids, never reused, name the blobs (with the store's id as prefix, see
+//! [`crate::Blobs`]); the rows themselves hold no bytes. The gateway's own
+//! facts about blobs live beside them ([`schema`]).
+//!
+//! All calls here block (the database, the component): the gateway runs
+//! them on tokio's blocking pool, each under an in-flight permit.
+
+mod group;
+mod pool;
+mod schema;
+
+use std::io::Read;
+use std::path::Path;
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use fencecheck::{Checker, Request, Runtime, SignedOutcome};
+use fencecheck_sqlite::{Fenced, ObjectId, publish, stage};
+use rusqlite::{Connection, OptionalExtension, params};
+
+use crate::error::{Error, io};
+use crate::pgtls::PgConnect;
+use pool::{Backend, Conn, Pool};
+
+thread_local! {
+    /// Each thread's read-only connection (see [`Store::head_here`]).
+    static READER: std::cell::RefCell<Option<(std::path::PathBuf, Connection)>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// How long SQLite waits for the write lock before the request gets 503.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What a staged object stands for; stored as the object's name together
+/// with the token text of the writer, so GET can report the fence.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// A body, in a blob.
+    Blob,
+    /// A DELETE: the key reads as absent.
+    Tombstone,
+}
+
+/// The visible version of a key.
+#[derive(Clone, Debug)]
+pub struct Current {
+    /// The staged object's id (its blob's name, after the store prefix).
+    pub object: ObjectId,
+    /// Body or tombstone.
+    pub kind: Kind,
+    /// The token text of the writer that published it.
+    pub fence: String,
+    /// The scope's version.
+    pub version: u64,
+    /// When it was published (Last-Modified).
+    pub published_at: SystemTime,
+    /// Its length, if the gateway recorded it (objects of older gateways
+    /// did not).
+    pub length: Option<u64>,
+    /// The Content-Type its writer sent.
+    pub content_type: Option<String>,
+}
+
+/// A key's state before a write: its version (0: never written; a delete
+/// counts) and what is visible.
+#[derive(Clone, Debug, Default)]
+pub struct Head {
+    /// The scope's version.
+    pub version: u64,
+    /// The visible object or tombstone.
+    pub visible: Option<Current>,
+}
+
+impl Head {
+    /// The version of the visible body, if there is one.
+    pub fn body_version(&self) -> Option<u64> {
+        self.visible
+            .as_ref()
+            .filter(|c| c.kind == Kind::Blob)
+            .map(|c| c.version)
+    }
+}
+
+/// What the gateway records about a staged object once its bytes are
+/// stored (before the publish).
+#[derive(Clone, Debug)]
+pub struct Meta {
+    /// Bytes.
+    pub length: u64,
+    /// SHA-256 of the bytes; all zero for a tombstone (never a body's).
+    pub sha256: [u8; 32],
+    /// Content-Type to serve.
+    pub content_type: String,
+    /// The Idempotency-Key it was written under.
+    pub op_id: Option<String>,
+}
+
+/// One entry of a listing.
+#[derive(Clone, Debug)]
+pub struct Listed {
+    /// The key.
+    pub key: String,
+    /// Its version (the ETag).
+    pub version: u64,
+    /// The writer's token text.
+    pub fence: String,
+    /// Last-Modified.
+    pub published_at: SystemTime,
+    /// Bytes, if recorded.
+    pub length: Option<u64>,
+    /// Content-Type, if recorded.
+    pub content_type: Option<String>,
+}
+
+/// Database connections with their component instances.
+pub struct Store {
+    pool: Pool,
+    /// Every blob name starts with this (empty for a store created before
+    /// blob prefixes: its blobs keep their bare ids).
+    id: String,
+    /// SQLite writers queue here rather than in SQLite's busy handler,
+    /// which sleeps and retries (slow under contention); SQLite still
+    /// arbitrates between processes. PostgreSQL writers lock rows instead.
+    writer: Mutex<()>,
+    /// SQLite with group commit (the default): publishes share fsyncs.
+    group: Option<group::GroupSync>,
+}
+
+impl Store {
+    /// Open (creating if needed) the store in `dir`, deciding with `runtime`.
+    pub fn open(dir: &Path, runtime: Runtime) -> Result<Self, Error> {
+        std::fs::create_dir_all(dir).map_err(io("creating the data directory"))?;
+        Self::with_backend(Backend::Sqlite(dir.join("fencecheck.db")), runtime, 64)
+    }
+
+    /// Open the store in the PostgreSQL database `connect` reaches (see
+    /// [`PgConnect`]), at most `pool` connections, installing the layout if
+    /// absent. Every gateway given the same database shares one pointer and
+    /// one high-water mark per key.
+    pub fn open_postgres(connect: PgConnect, runtime: Runtime, pool: usize) -> Result<Self, Error> {
+        Self::with_backend(Backend::Postgres(Box::new(connect)), runtime, pool)
+    }
+
+    fn with_backend(backend: Backend, runtime: Runtime, size: usize) -> Result<Self, Error> {
+        let pool = Pool::new(backend, runtime, size)?;
+        let id = pool.with(|conn, _| match conn {
+            Conn::Sqlite(c) => {
+                fencecheck_sqlite::install(c)?;
+                install_sqlite(c)
+            }
+            Conn::Postgres(c) => {
+                fencecheck_postgres::install(c)?;
+                install_postgres(c)
+            }
+        })?;
+        let group = pool
+            .sqlite_path()
+            .map(|db| group::GroupSync::new(db.to_owned()));
+        Ok(Self {
+            pool,
+            id,
+            writer: Mutex::new(()),
+            group,
+        })
+    }
+
+    /// SQLite: sync each publish on its own (`synchronous=FULL`) instead of
+    /// in groups; for comparing the two (BENCHMARKS.md).
+    pub fn per_publish_sync(mut self) -> Self {
+        self.group = None;
+        self
+    }
+
+    /// The prefix of this store's blob names.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// Use `runtime` for every check from now on (see [`Pool::swap`]).
+    pub fn swap(&self, runtime: Runtime) {
+        self.pool.swap(runtime);
+    }
+
+    /// The turn of an SQLite writer (see `writer`); none for PostgreSQL.
+    fn turn(&self) -> Option<std::sync::MutexGuard<'_, ()>> {
+        if self.pool.is_sqlite() {
+            self.writer.lock().ok()
+        } else {
+            None
+        }
+    }
+
+    /// The early check: read the key's head and decide `request` against
+    /// the current state without storing anything (with the head's version
+    /// as the expected one if `guarded`, a precondition's). Saves an upload
+    /// that is stale already; the publish decides again.
+    pub fn early(
+        &self,
+        mut request: Request,
+        guarded: bool,
+    ) -> Result<(SignedOutcome, Head, Request), Error> {
+        self.pool.with(|conn, guest| {
+            let head = head(conn, &request.scope)?;
+            if guarded {
+                request.expected_version = Some(head.version);
+            }
+            let (state, keys) = match conn {
+                Conn::Sqlite(c) => (
+                    fencecheck_sqlite::stored_state(c, &request.scope)?,
+                    fencecheck_sqlite::scope_keys(c, &request.scope)?,
+                ),
+                Conn::Postgres(c) => (
+                    fencecheck_postgres::stored_state(c, &request.scope)?,
+                    fencecheck_postgres::scope_keys(c.as_mut(), &request.scope)?,
+                ),
+            };
+            let outcome = guest.decide(state.as_deref(), &request, keys.as_deref())?;
+            Ok((outcome, head, request))
+        })
+    }
+
+    /// Stage an object for `scope`; its bytes go to the blob named by its id.
+    pub fn stage(&self, scope: &str, kind: Kind, fence: &str) -> Result<ObjectId, Error> {
+        let name = match kind {
+            Kind::Blob => format!("blob {fence}"),
+            Kind::Tombstone => format!("tombstone {fence}"),
+        };
+        let _turn = self.turn();
+        self.pool.with(|conn, _| match conn {
+            Conn::Sqlite(c) => relaxed(c, |c| Ok(stage(c, scope, &name, b"", SystemTime::now())?)),
+            Conn::Postgres(c) => {
+                let id = fencecheck_postgres::stage(c, scope, &name, b"", SystemTime::now())?;
+                Ok(ObjectId::from_raw(id.get()))
+            }
+        })
+    }
+
+    /// Record `meta` for `object`, then the fenced publish: check and move
+    /// the pointer in one transaction (whose trigger also records the
+    /// Idempotency-Key's body hash, see [`schema`]).
+    pub fn publish(
+        &self,
+        request: &Request,
+        object: ObjectId,
+        meta: &Meta,
+    ) -> Result<Fenced<()>, Error> {
+        let turn = self.turn();
+        let group = self.group.as_ref();
+        let (outcome, seq) = self.pool.with(|conn, guest| {
+            record(conn, object, meta)?;
+            match conn {
+                Conn::Sqlite(c) if group.is_some() => {
+                    let outcome = relaxed(c, |c| {
+                        Ok(publish(c, guest, request, object, SystemTime::now())?)
+                    })?;
+                    // Numbered under the turn, right after the commit.
+                    let seq = match (&outcome, group) {
+                        (Fenced::Applied { .. }, Some(g)) => Some(g.wrote()?),
+                        _ => None,
+                    };
+                    Ok((outcome, seq))
+                }
+                Conn::Sqlite(c) => {
+                    Ok((publish(c, guest, request, object, SystemTime::now())?, None))
+                }
+                Conn::Postgres(c) => Ok((
+                    fencecheck_postgres::publish(
+                        c,
+                        guest,
+                        request,
+                        fencecheck_postgres::ObjectId::from_raw(object.get()),
+                        SystemTime::now(),
+                    )?,
+                    None,
+                )),
+            }
+        })?;
+        // Other writers commit while this one waits for the fsync.
+        drop(turn);
+        if let (Some(seq), Some(g)) = (seq, group) {
+            g.sync_through(seq)?;
+        }
+        Ok(outcome)
+    }
+
+    /// The body hash `op_id` was applied with on `scope` at `version`, if
+    /// still recorded.
+    pub fn op_hash(
+        &self,
+        scope: &str,
+        op_id: &str,
+        version: u64,
+    ) -> Result<Option<Vec<u8>>, Error> {
+        let version = i64::try_from(version).map_err(|_| Error::Task("version overflow".into()))?;
+        self.pool.with(|conn, _| match conn {
+            Conn::Sqlite(c) => c
+                .prepare_cached(
+                    "SELECT sha256 FROM fencecheck_gateway_ops WHERE scope = ?1 AND op_id = ?2 AND version = ?3",
+                )
+                .and_then(|mut s| {
+                    s.query_row(params![scope, op_id, version], |r| r.get(0))
+                        .optional()
+                })
+                .map_err(sqlite("reading an idempotency record")),
+            Conn::Postgres(c) => c
+                .query_opt(
+                    "SELECT sha256 FROM fencecheck_gateway_ops WHERE scope = $1 AND op_id = $2 AND version = $3",
+                    &[&scope, &op_id, &version],
+                )
+                .map(|row| row.map(|r| r.get(0)))
+                .map_err(|e| postgres_error("reading an idempotency record", e)),
+        })
+    }
+
+    /// Drop the row of an object that was not published, unless a pointer
+    /// references it; `true` if it is gone (its blob may go too).
+    pub fn discard(&self, object: ObjectId) -> Result<bool, Error> {
+        let _turn = self.turn();
+        self.pool.with(|conn, _| match conn {
+            Conn::Sqlite(c) => relaxed(c, |c| {
+                c.prepare_cached(schema::SQLITE_DISCARD)
+                    .and_then(|mut s| s.execute([object.get()]))
+                    .map(|n| n == 1)
+                    .map_err(sqlite("discarding an object"))
+            }),
+            Conn::Postgres(c) => Ok(fencecheck_postgres::discard(
+                c,
+                fencecheck_postgres::ObjectId::from_raw(object.get()),
+            )?),
+        })
+    }
+
+    /// The key's head: version and visible object (tombstones included).
+    pub fn head(&self, scope: &str) -> Result<Head, Error> {
+        self.pool.with(|conn, _| head(conn, scope))
+    }
+
+    /// The key's head read on the calling thread, through a read-only
+    /// connection of its own (SQLite in WAL mode: one indexed read that
+    /// never waits for a writer), so a GET needs no hop to the blocking
+    /// pool. `None` (PostgreSQL, or the reader failed): use [`Store::head`].
+    pub fn head_here(&self, scope: &str) -> Option<Head> {
+        let db = self.pool.sqlite_path()?;
+        READER.with(|slot| {
+            let mut slot = slot.try_borrow_mut().ok()?;
+            if slot.as_ref().is_none_or(|(path, _)| path != db) {
+                *slot = Some((db.to_owned(), pool::reader(db).ok()?));
+            }
+            let (_, reader) = slot.as_ref()?;
+            head_sqlite(reader, scope).and_then(head_from).ok()
+        })
+    }
+
+    /// Up to `limit` visible objects with keys starting with `prefix`, after
+    /// `after`, in byte order of their keys.
+    pub fn list(
+        &self,
+        prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<Listed>, Error> {
+        let upper = upper_bound(prefix);
+        let after = after.unwrap_or("");
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        self.pool.with(|conn, _| {
+            let rows: Vec<ListRow> = match conn {
+                Conn::Sqlite(c) => c
+                    .prepare_cached(schema::SQLITE_LIST)
+                    .and_then(|mut s| {
+                        s.query_map(params![prefix, after, upper, limit], |r| {
+                            Ok((
+                                r.get(0)?,
+                                r.get(1)?,
+                                r.get(2)?,
+                                r.get(3)?,
+                                r.get(4)?,
+                                r.get(5)?,
+                            ))
+                        })?
+                        .collect()
+                    })
+                    .map_err(sqlite("listing objects"))?,
+                Conn::Postgres(c) => c
+                    .query(schema::POSTGRES_LIST, &[&prefix, &after, &upper, &limit])
+                    .map_err(|e| postgres_error("listing objects", e))?
+                    .iter()
+                    .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4), r.get(5)))
+                    .collect(),
+            };
+            rows.into_iter()
+                .map(|(key, version, at, name, length, content_type)| {
+                    let (_, fence) = parse_name(&name)?;
+                    Ok(Listed {
+                        key,
+                        version: unsigned("version", version)?,
+                        fence: fence.to_owned(),
+                        published_at: millis_time(at),
+                        length: length.map(|n| unsigned("length", n)).transpose()?,
+                        content_type,
+                    })
+                })
+                .collect()
+        })
+    }
+
+    /// A liveness probe: one query on a pooled connection.
+    pub fn ping(&self) -> Result<(), Error> {
+        self.pool.with(|conn, _| match conn {
+            Conn::Sqlite(c) => c
+                .query_row("SELECT 1", [], |_| Ok(()))
+                .map_err(sqlite("probing")),
+            Conn::Postgres(c) => c
+                .simple_query("SELECT 1")
+                .map(|_| ())
+                .map_err(|source| postgres_error("probing", source)),
+        })
+    }
+
+    /// One bounded collection batch: at most `batch` unreferenced objects
+    /// staged more than `retention` ago lose their rows; returns their ids,
+    /// whose blobs may go. A row a publish points at in between is kept.
+    pub fn collect(&self, retention: Duration, batch: usize) -> Result<Vec<ObjectId>, Error> {
+        let cutoff = SystemTime::now()
+            .checked_sub(retention)
+            .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+        let batch = i64::try_from(batch).unwrap_or(i64::MAX);
+        let _turn = self.turn();
+        let ids: Vec<i64> = self.pool.with(|conn, _| match conn {
+            Conn::Sqlite(c) => c
+                .prepare_cached(schema::SQLITE_COLLECT)
+                .and_then(|mut s| s.query_map([cutoff, batch], |r| r.get(0))?.collect())
+                .map_err(sqlite("collecting unreferenced objects")),
+            Conn::Postgres(c) => {
+                let mut tx = c
+                    .build_transaction()
+                    .isolation_level(postgres::IsolationLevel::ReadCommitted)
+                    .start()
+                    .map_err(|e| postgres_error("beginning a collection batch", e))?;
+                let locked: Vec<i64> = tx
+                    .query(schema::POSTGRES_LOCK_GARBAGE, &[&cutoff, &batch])
+                    .map_err(|e| postgres_error("locking unreferenced objects", e))?
+                    .iter()
+                    .map(|r| r.get(0))
+                    .collect();
+                let gone = if locked.is_empty() {
+                    Vec::new()
+                } else {
+                    tx.query(schema::POSTGRES_DELETE_UNREFERENCED, &[&locked])
+                        .map_err(|e| postgres_error("collecting unreferenced objects", e))?
+                        .iter()
+                        .map(|r| r.get(0))
+                        .collect()
+                };
+                tx.commit()
+                    .map_err(|e| postgres_error("committing a collection batch", e))?;
+                Ok(gone)
+            }
+        })?;
+        Ok(ids.into_iter().map(ObjectId::from_raw).collect())
+    }
+
+    /// Which of `ids` still have a row (one query for a batch).
+    pub fn existing(&self, ids: &[i64]) -> Result<Vec<i64>, Error> {
+        self.pool.with(|conn, _| match conn {
+            Conn::Sqlite(c) => {
+                let mut found = Vec::new();
+                let mut s = c
+                    .prepare_cached("SELECT 1 FROM fencecheck_objects WHERE id = ?1")
+                    .map_err(sqlite("looking up objects"))?;
+                for id in ids {
+                    if s.query_row([id], |_| Ok(()))
+                        .optional()
+                        .map_err(sqlite("looking up objects"))?
+                        .is_some()
+                    {
+                        found.push(*id);
+                    }
+                }
+                Ok(found)
+            }
+            Conn::Postgres(c) => c
+                .query(
+                    "SELECT id FROM fencecheck_objects WHERE id = ANY($1)",
+                    &[&ids],
+                )
+                .map(|rows| rows.iter().map(|r| r.get(0)).collect())
+                .map_err(|source| postgres_error("looking up objects", source)),
+        })
+    }
+}
+
+fn sqlite(doing: &'static str) -> impl FnOnce(rusqlite::Error) -> Error {
+    move |source| Error::Sqlite { doing, source }
+}
+
+fn postgres_error(doing: &'static str, source: postgres::Error) -> Error {
+    Error::Postgres(fencecheck_postgres::Error::Postgres { doing, source })
+}
+
+fn unsigned(what: &'static str, n: i64) -> Result<u64, Error> {
+    u64::try_from(n).map_err(|_| Error::Task(format!("stored {what} {n} is negative")))
+}
+
+fn millis_time(ms: Option<i64>) -> SystemTime {
+    UNIX_EPOCH + Duration::from_millis(ms.and_then(|m| u64::try_from(m).ok()).unwrap_or(0))
+}
+
+/// The least string above every string that starts with `prefix` (`None`
+/// for the empty prefix): its last character plus one, skipping surrogates.
+/// UTF-8 byte order is code point order, so this bounds a key range.
+fn upper_bound(prefix: &str) -> Option<String> {
+    let mut chars: Vec<char> = prefix.chars().collect();
+    while let Some(last) = chars.pop() {
+        let next = match u32::from(last) {
+            0xD7FF => Some('\u{E000}'),
+            n => char::from_u32(n + 1),
+        };
+        if let Some(next) = next {
+            chars.push(next);
+            return Some(chars.into_iter().collect());
+        }
+    }
+    None
+}
+
+fn random_id() -> Result<String, Error> {
+    let mut bytes = [0u8; 16];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .map_err(io("reading /dev/urandom for the store id"))?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+fn install_sqlite(c: &mut Connection) -> Result<String, Error> {
+    let tx = c
+        .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+        .map_err(sqlite("beginning the gateway install"))?;
+    let legacy: bool = tx
+        .query_row(
+            "SELECT NOT EXISTS (SELECT 1 FROM sqlite_master WHERE name = 'fencecheck_gateway_meta')
+                 AND EXISTS (SELECT 1 FROM fencecheck_objects)",
+            [],
+            |r| r.get(0),
+        )
+        .map_err(sqlite("inspecting the database"))?;
+    tx.execute_batch(schema::SQLITE)
+        .map_err(sqlite("creating the gateway tables"))?;
+    // A store that already holds objects from before blob prefixes keeps
+    // bare ids as blob names ("").
+    let id = if legacy { String::new() } else { random_id()? };
+    tx.execute(
+        "INSERT OR IGNORE INTO fencecheck_gateway_meta (key, value) VALUES ('store', ?1)",
+        [&id],
+    )
+    .map_err(sqlite("recording the store id"))?;
+    let id: String = tx
+        .query_row(
+            "SELECT value FROM fencecheck_gateway_meta WHERE key = 'store'",
+            [],
+            |r| r.get(0),
+        )
+        .map_err(sqlite("reading the store id"))?;
+    tx.commit()
+        .map_err(sqlite("committing the gateway install"))?;
+    Ok(id)
+}
+
+fn install_postgres(c: &mut postgres::Client) -> Result<String, Error> {
+    let pg = |doing| move |e| postgres_error(doing, e);
+    let mut tx = c
+        .transaction()
+        .map_err(pg("beginning the gateway install"))?;
+    // Gateways starting together take turns (DDL races otherwise).
+    tx.execute("SELECT pg_advisory_xact_lock(7460911273)", &[])
+        .map_err(pg("locking the gateway install"))?;
+    let legacy: bool = tx
+        .query_one(
+            "SELECT to_regclass('fencecheck_gateway_meta') IS NULL
+                AND EXISTS (SELECT 1 FROM fencecheck_objects)",
+            &[],
+        )
+        .map_err(pg("inspecting the database"))?
+        .get(0);
+    tx.batch_execute(schema::POSTGRES)
+        .map_err(pg("creating the gateway tables"))?;
+    let id = if legacy { String::new() } else { random_id()? };
+    tx.execute(
+        "INSERT INTO fencecheck_gateway_meta (key, value) VALUES ('store', $1) ON CONFLICT DO NOTHING",
+        &[&id],
+    )
+    .map_err(pg("recording the store id"))?;
+    let id: String = tx
+        .query_one(
+            "SELECT value FROM fencecheck_gateway_meta WHERE key = 'store'",
+            &[],
+        )
+        .map_err(pg("reading the store id"))?
+        .get(0);
+    tx.commit().map_err(pg("committing the gateway install"))?;
+    Ok(id)
+}
+
+/// Insert `meta` (before the publish; in SQLite not synced on its own: the
+/// publish's commit syncs the WAL, and a lost row only loses metadata of an
+/// object that was then never published either).
+fn record(conn: &mut Conn, object: ObjectId, meta: &Meta) -> Result<(), Error> {
+    let length = i64::try_from(meta.length).map_err(|_| Error::Task("length overflow".into()))?;
+    match conn {
+        Conn::Sqlite(c) => relaxed(c, |c| {
+            c.prepare_cached(
+                "INSERT OR REPLACE INTO fencecheck_gateway_objects (object, length, sha256, content_type, op_id)
+                 VALUES (?1, ?2, ?3, ?4, ?5)",
+            )
+            .and_then(|mut s| {
+                s.execute(params![
+                    object.get(),
+                    length,
+                    &meta.sha256[..],
+                    meta.content_type,
+                    meta.op_id
+                ])
+            })
+            .map(|_| ())
+            .map_err(sqlite("recording an object"))
+        }),
+        Conn::Postgres(c) => c
+            .execute(
+                "INSERT INTO fencecheck_gateway_objects (object, length, sha256, content_type, op_id)
+                 VALUES ($1, $2, $3, $4, $5) ON CONFLICT (object) DO NOTHING",
+                &[
+                    &object.get(),
+                    &length,
+                    &&meta.sha256[..],
+                    &meta.content_type,
+                    &meta.op_id,
+                ],
+            )
+            .map(|_| ())
+            .map_err(|e| postgres_error("recording an object", e)),
+    }
+}
+
+/// Run `f` with `synchronous=NORMAL`: its commit is not fsynced on its own.
+/// Safe for staging, recording and discarding: a WAL commit is durable once
+/// any later commit is synced, so a publish's sync makes the rows before it
+/// durable too, and a lost staging or discard only leaves work for the
+/// collector. Publishes under group commit sync afterwards ([`group`]).
+/// The connection is back at FULL afterwards, or it is not reused.
+fn relaxed<T>(
+    conn: &mut Connection,
+    f: impl FnOnce(&mut Connection) -> Result<T, Error>,
+) -> Result<T, Error> {
+    let sync = |conn: &Connection, level: &str| {
+        conn.pragma_update(None, "synchronous", level)
+            .map_err(sqlite("setting synchronous"))
+    };
+    sync(conn, "NORMAL")?;
+    let result = f(conn);
+    sync(conn, "FULL")?;
+    result
+}
+
+/// Split a stored object name: `blob TOKEN` or `tombstone TOKEN`.
+fn parse_name(name: &str) -> Result<(Kind, &str), Error> {
+    match name.split_once(' ') {
+        Some(("blob", fence)) => Ok((Kind::Blob, fence)),
+        Some(("tombstone", fence)) => Ok((Kind::Tombstone, fence)),
+        // Not written by the gateway: fail closed rather than guess.
+        _ => Err(Error::Io {
+            doing: "reading the visible object",
+            source: std::io::Error::other(format!("unknown object name {name:?}")),
+        }),
+    }
+}
+
+type ListRow = (
+    String,
+    i64,
+    Option<i64>,
+    String,
+    Option<i64>,
+    Option<String>,
+);
+
+type HeadRow = (
+    i64,
+    Option<i64>,
+    Option<i64>,
+    Option<String>,
+    Option<i64>,
+    Option<String>,
+);
+
+fn head_sqlite(c: &Connection, scope: &str) -> Result<Option<HeadRow>, Error> {
+    c.prepare_cached(schema::SQLITE_HEAD)
+        .and_then(|mut s| {
+            s.query_row([scope], |r| {
+                Ok((
+                    r.get(0)?,
+                    r.get(1)?,
+                    r.get(2)?,
+                    r.get(3)?,
+                    r.get(4)?,
+                    r.get(5)?,
+                ))
+            })
+            .optional()
+        })
+        .map_err(sqlite("reading the visible object"))
+}
+
+fn head(conn: &mut Conn, scope: &str) -> Result<Head, Error> {
+    let row = match conn {
+        Conn::Sqlite(c) => head_sqlite(c, scope)?,
+        Conn::Postgres(c) => c
+            .query_opt(schema::POSTGRES_HEAD, &[&scope])
+            .map_err(|e| postgres_error("reading the visible object", e))?
+            .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4), r.get(5))),
+    };
+    head_from(row)
+}
+
+fn head_from(row: Option<HeadRow>) -> Result<Head, Error> {
+    let Some((version, at, object, name, length, content_type)) = row else {
+        return Ok(Head::default());
+    };
+    let version = unsigned("version", version)?;
+    let visible = match (object, name) {
+        (Some(object), Some(name)) => {
+            let (kind, fence) = parse_name(&name)?;
+            Some(Current {
+                object: ObjectId::from_raw(object),
+                kind,
+                fence: fence.to_owned(),
+                version,
+                published_at: millis_time(at),
+                length: length.map(|n| unsigned("length", n)).transpose()?,
+                content_type,
+            })
+        }
+        _ => None,
+    };
+    Ok(Head { version, visible })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Store, schema, upper_bound};
+
+    /// The statements of the hot path reach rows through an index: none
+    /// scans every pointer or every object, so their work does not grow
+    /// with the number of keys. (The collector's batch is bounded in rows
+    /// deleted, not in rows read: it skips every old object still visible.)
+    #[test]
+    fn hot_path_statements_use_indexes() -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let _store = Store::open(dir.path(), fencecheck::Runtime::new()?)?;
+        let conn = rusqlite::Connection::open(dir.path().join("fencecheck.db"))?;
+        let ops_prune = "DELETE FROM fencecheck_gateway_ops WHERE scope = ?1 AND version <= \
+             (SELECT version FROM fencecheck_gateway_ops WHERE scope = ?1 \
+              ORDER BY version DESC LIMIT 1 OFFSET 64)";
+        let op_hash = "SELECT sha256 FROM fencecheck_gateway_ops WHERE scope = ?1 AND op_id = ?2 AND version = ?3";
+        for sql in [
+            schema::SQLITE_HEAD,
+            schema::SQLITE_DISCARD,
+            schema::SQLITE_LIST,
+            ops_prune,
+            op_hash,
+        ] {
+            let mut plan = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}"))?;
+            let nulls = std::iter::repeat_n(rusqlite::types::Null, plan.parameter_count());
+            let steps: Vec<String> = plan
+                .query_map(rusqlite::params_from_iter(nulls), |r| r.get::<_, String>(3))?
+                .collect::<Result<_, _>>()?;
+            for step in &steps {
+                assert!(
+                    !step.starts_with("SCAN"),
+                    "{sql}\nscans: {step} (plan: {steps:?})"
+                );
+            }
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn upper_bounds() {
+        assert_eq!(upper_bound(""), None);
+        assert_eq!(upper_bound("ab").as_deref(), Some("ac"));
+        assert_eq!(upper_bound("a/").as_deref(), Some("a0"));
+        assert_eq!(upper_bound("a\u{D7FF}").as_deref(), Some("a\u{E000}"));
+        assert_eq!(upper_bound("a\u{10FFFF}").as_deref(), Some("b"));
+        assert_eq!(upper_bound("\u{10FFFF}"), None);
+    }
+}
