@@ -4,14 +4,13 @@
 # .ci/install.d/30-sqlite.sh installs.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+source scripts/common.sh
 
 # `cargo test --workspace` (scripts/test) already built the library into
 # deps/; this is then a no-op, and lets the script run on its own. The same
 # package set keeps the same features, so nothing (wasmtime) is rebuilt.
-cargo test --workspace --locked --no-run -q
-target_dir=$(cargo metadata --locked --format-version 1 --no-deps |
-    /usr/bin/python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
-ext="$target_dir/debug/deps/libfencecheck_sqlite_ext.so"
+cargo test --workspace --locked --no-run -q "${profile[@]}"
+ext="$target_dir/$FENCECHECK_PROFILE/deps/libfencecheck_sqlite_ext.so"
 [ -f "$ext" ] || { echo "not built: $ext" >&2; exit 1; }
 
 passed=0 failed=0

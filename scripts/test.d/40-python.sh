@@ -6,6 +6,7 @@
 # run the Rust fencecheck-postgres-worker beside the Python writer.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+source scripts/common.sh
 scripts/build-component
 python3 -m pip install --disable-pip-version-check --root-user-action=ignore -q \
     --no-deps --no-build-isolation --force-reinstall ./host/python
@@ -13,10 +14,8 @@ python3 -m pip install --disable-pip-version-check --root-user-action=ignore -q 
 # `cargo test --workspace` (scripts/test) already built the worker (a binary
 # of a package with integration tests); this is then a no-op, and lets the
 # script run on its own with the same features, so nothing is rebuilt.
-cargo test --workspace --locked --no-run -q
-target_dir=$(cargo metadata --locked --format-version 1 --no-deps |
-    python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
-worker="$target_dir/debug/fencecheck-postgres-worker"
+cargo test --workspace --locked --no-run -q "${profile[@]}"
+worker="$target_dir/$FENCECHECK_PROFILE/fencecheck-postgres-worker"
 [ -x "$worker" ] || { echo "not built: $worker" >&2; exit 1; }
 
 # From another directory, so that `import fencecheck` is the installed copy.

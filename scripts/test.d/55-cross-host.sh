@@ -6,16 +6,15 @@
 # number, and enforces the signing keys stored in it (fencecheck_keys).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+source scripts/common.sh
 scripts/build-component
 npm run --silent --prefix host/node build
 
 # The Rust side is the adapter's worker binary. `cargo test --workspace`
 # (scripts/test) already built it; this is then a no-op, and lets the script
 # run on its own with the same features (nothing is rebuilt).
-cargo test --workspace --locked --no-run -q
-target_dir=$(cargo metadata --locked --format-version 1 --no-deps |
-    /usr/bin/python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
-worker="$target_dir/debug/fencecheck-sqlite-worker"
+cargo test --workspace --locked --no-run -q "${profile[@]}"
+worker="$target_dir/$FENCECHECK_PROFILE/fencecheck-sqlite-worker"
 [ -x "$worker" ] || { echo "not built: $worker" >&2; exit 1; }
 
 # This checkout's Python package (build-component copied the component and

@@ -6,6 +6,7 @@
 # and also through the typed check-batch export in Python and Node.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+source scripts/common.sh
 scripts/build-component
 npm run --silent --prefix host/node build
 work="$(mktemp -d)"
@@ -13,9 +14,9 @@ trap 'rm -rf "$work"' EXIT
 
 seq="$work/sequence.jsonl"
 python3 tests/agreement/generate.py --seed 5 --lines 6000 > "$seq"
-cargo run -q --locked -p fencecheck-cli -- trace --runtime wasm "$seq" > "$work/rust-wasm.txt"
-cargo run -q --locked -p fencecheck-cli -- trace --runtime native "$seq" > "$work/rust-native.txt"
-cargo run -q --locked -p fencecheck-cli -- trace --runtime wasm-component "$seq" > "$work/rust-wasm-component.txt"
+cli trace --runtime wasm "$seq" > "$work/rust-wasm.txt"
+cli trace --runtime native "$seq" > "$work/rust-native.txt"
+cli trace --runtime wasm-component "$seq" > "$work/rust-wasm-component.txt"
 PYTHONPATH=host/python/src python3 -m fencecheck trace "$seq" > "$work/python.txt"
 node host/node/bin/trace.mjs "$seq" > "$work/node.txt"
 PYTHONPATH=host/python/src python3 -m fencecheck trace --batch typed "$seq" > "$work/python-typed.txt"
