@@ -91,3 +91,12 @@ impl Error {
 pub(crate) fn pg(doing: &'static str) -> impl FnOnce(postgres::Error) -> Error {
     move |source| Error::Postgres { doing, source }
 }
+
+/// Whether a failure of a statement that commits (COMMIT, or an autocommit
+/// statement) says for certain that it rolled back: an ERROR the server
+/// sent. A FATAL or PANIC may come after the commit (the session ended
+/// between the commit and the answer), and no answer at all says nothing.
+pub(crate) fn rolled_back(e: &postgres::Error) -> bool {
+    e.as_db_error()
+        .is_some_and(|db| !matches!(db.severity(), "FATAL" | "PANIC"))
+}

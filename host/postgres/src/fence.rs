@@ -5,7 +5,7 @@ use fencecheck::{Accepted, Checker, Fenced, Request, accept_signed};
 use postgres::{Client, Transaction};
 
 use crate::Error;
-use crate::error::pg;
+use crate::error::{pg, rolled_back};
 
 // The state, locked, and whether any key prefix starts the scope, in one
 // round trip: an existing unkeyed scope, the common case, costs no second
@@ -76,6 +76,22 @@ pub(crate) fn run<C, T>(
 where
     C: Checker + ?Sized,
 {
+    run_keeping_state(client, checker, request, mutation).map(|(fenced, _)| fenced)
+}
+
+/// [`run`], also returning the scope's stored state as the write left it
+/// (the new state if it applied, the one it read if rejected) when the
+/// scope has no signing keys: what a [`crate::StateCache`] may keep (a
+/// keyed scope's decision depends on more than the state).
+pub(crate) fn run_keeping_state<C, T>(
+    client: &mut Client,
+    checker: &mut C,
+    request: &Request,
+    mutation: impl FnOnce(&mut Transaction<'_>, &Accepted) -> Result<T, Error>,
+) -> Result<(Fenced<T>, Option<Vec<u8>>), Error>
+where
+    C: Checker + ?Sized,
+{
     let mut tx = client
         .transaction()
         .map_err(pg("beginning the fenced transaction"))?;
@@ -101,7 +117,11 @@ where
         let (decided, state) = match accept_signed(outcome) {
             Ok(applied) => applied,
             // Dropping `tx` rolls back: a rejection changes nothing.
-            Err(rejection) => return Ok(Fenced::Rejected(rejection)),
+            // The state read under the row lock is still the stored one.
+            Err(rejection) => {
+                let current = if keys.is_none() { stored } else { None };
+                return Ok((Fenced::Rejected(rejection), current));
+            }
         };
         let version = i64::try_from(decided.version).map_err(|_| Error::Invalid {
             what: "version",
@@ -118,27 +138,29 @@ where
         {
             continue;
         }
-        accepted = Some(decided);
+        accepted = Some((decided, keys.is_none().then_some(state)));
         break;
     }
-    let accepted = accepted.ok_or_else(|| Error::Invalid {
+    let (accepted, state) = accepted.ok_or_else(|| Error::Invalid {
         what: "scope row",
         why: "created and removed concurrently twice".into(),
     })?;
     let value = mutation(&mut tx, &accepted)?;
     commit(tx)?;
-    Ok(Fenced::Applied {
+    let applied = Fenced::Applied {
         version: accepted.version,
         highest: accepted.highest,
         value,
-    })
+    };
+    Ok((applied, state))
 }
 
 /// Commit `tx`. A server error at commit (e.g. a serialization failure)
-/// means it rolled back; no answer at all means it may have committed.
+/// means it rolled back; no answer at all, or the session ending, means it
+/// may have committed.
 pub(crate) fn commit(tx: Transaction<'_>) -> Result<(), Error> {
     tx.commit().map_err(|e| {
-        if e.code().is_some() {
+        if rolled_back(&e) {
             Error::Postgres {
                 doing: "committing",
                 source: e,

@@ -18,6 +18,12 @@
 //!   [`Fenced`] (applied, or a definitive [`Rejection`]); failures are
 //!   [`Error`], with [`Error::is_retryable`] for serialization failures and
 //!   deadlocks and [`Error::CommitUnknown`] when the commit's fate is unknown.
+//! - [`fenced_execute`] runs one statement under the fence in one round
+//!   trip when the writer's [`StateCache`] holds the scope's current state
+//!   (the normal case: one lease holder per scope), the state's
+//!   compare-and-set and the statement together in one autocommit
+//!   statement; on a mismatch or a first write it takes [`fenced_write`]'s
+//!   locking path. Same outcomes, same layout.
 //! - The publish protocol, as in the SQLite adapter: [`stage`] an immutable
 //!   object under a unique key, [`publish`] it (fenced move of the scope's
 //!   catalog pointer, in the same transaction as the fence state; the
@@ -52,12 +58,14 @@
 //! # }
 //! ```
 
+mod cached;
 mod error;
 mod fence;
 mod keys;
 mod publish;
 mod schema;
 
+pub use cached::{CacheStats, StateCache, fenced_execute};
 pub use error::Error;
 pub use fence::{fenced_write, stored_state};
 pub use fencecheck::{Accepted, Fenced, Rejection};

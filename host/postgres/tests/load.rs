@@ -2,6 +2,8 @@
 //! stale, duplicated and reordered writers, the server killed with
 //! `pg_ctl stop -m immediate` halfway and restarted; the recorded history is
 //! checked per scope by the shared checker (tests/support/history.rs).
+//! Once through `fenced_write`, once through `fenced_execute` with a cache
+//! per client (32 writers on 10 scopes: caches go stale all the time).
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
@@ -9,7 +11,7 @@ use std::thread;
 
 use anyhow::{Context, Result, ensure};
 use fencecheck::{Policy, Request, Token, TokenText};
-use fencecheck_postgres::{Error, Fenced, fenced_write, install};
+use fencecheck_postgres::{Error, Fenced, StateCache, fenced_execute, fenced_write, install};
 use fencecheck_tests::history::{self, Attempt, Audited, Kept, Rng, Seen};
 use fencecheck_tests::pgserver::PgServer;
 use fencecheck_tests::pgserver::connect_retrying;
@@ -26,9 +28,35 @@ fn token(counter: u64) -> Token {
     }
 }
 
-/// One attempt through `fenced_write`: the mutation sets the catalog row and
-/// appends the audit row, in the fenced transaction.
-fn attempt(db: &mut postgres::Client, guest: &mut fencecheck::Instance, a: &Attempt) -> Seen {
+/// The version an applied write produced (what the history records).
+fn version_only<T>(fenced: Fenced<T>) -> Fenced<()> {
+    match fenced {
+        Fenced::Applied {
+            version, highest, ..
+        } => Fenced::Applied {
+            version,
+            highest,
+            value: (),
+        },
+        Fenced::Rejected(r) => Fenced::Rejected(r),
+    }
+}
+
+// `fenced_execute`'s one statement: the catalog row and the audit row.
+const PUBLISH: &str = "WITH catalog AS (
+        INSERT INTO report_catalog VALUES ($1, $2) ON CONFLICT (report_id)
+        DO UPDATE SET visible_object = EXCLUDED.visible_object)
+    INSERT INTO audit VALUES ($1, (SELECT version FROM fencecheck_accepted), $2, $3)";
+
+/// One attempt: the mutation sets the catalog row and appends the audit
+/// row, in the fenced transaction (`fenced_write`), or in one statement
+/// when `cache` is given (`fenced_execute`).
+fn attempt(
+    db: &mut postgres::Client,
+    guest: &mut fencecheck::Instance,
+    cache: Option<&mut StateCache>,
+    a: &Attempt,
+) -> Seen {
     let policy = if a.op_id.is_some() || a.expected_version.is_some() {
         Policy::AllowEqual
     } else {
@@ -41,22 +69,36 @@ fn attempt(db: &mut postgres::Client, guest: &mut fencecheck::Instance, a: &Atte
     if let Some(v) = a.expected_version {
         request = request.with_expected_version(v);
     }
-    let result = fenced_write(db, guest, &request, |tx, accepted| {
-        tx.execute(
-            "INSERT INTO report_catalog VALUES ($1, $2) ON CONFLICT (report_id)
-             DO UPDATE SET visible_object = EXCLUDED.visible_object",
-            &[&a.scope, &a.payload],
-        )?;
-        tx.execute(
-            "INSERT INTO audit VALUES ($1, $2, $3, $4)",
-            &[
-                &a.scope,
-                &(accepted.version as i64),
-                &a.payload,
-                &TokenText(a.token).to_string(),
-            ],
+    let token_text = TokenText(a.token).to_string();
+    let result = if let Some(cache) = cache {
+        fenced_execute(
+            db,
+            guest,
+            cache,
+            &request,
+            PUBLISH,
+            &[&a.scope, &a.payload, &token_text],
         )
-    });
+        .map(version_only)
+    } else {
+        fenced_write(db, guest, &request, |tx, accepted| {
+            tx.execute(
+                "INSERT INTO report_catalog VALUES ($1, $2) ON CONFLICT (report_id)
+             DO UPDATE SET visible_object = EXCLUDED.visible_object",
+                &[&a.scope, &a.payload],
+            )?;
+            tx.execute(
+                "INSERT INTO audit VALUES ($1, $2, $3, $4)",
+                &[
+                    &a.scope,
+                    &(accepted.version as i64),
+                    &a.payload,
+                    &token_text,
+                ],
+            )
+        })
+        .map(version_only)
+    };
     match result {
         Ok(Fenced::Applied { version, .. }) => Seen::Applied(version),
         Ok(Fenced::Rejected(r)) => Seen::Refused(r.name().into()),
@@ -68,10 +110,21 @@ fn attempt(db: &mut postgres::Client, guest: &mut fencecheck::Instance, a: &Atte
     }
 }
 
-/// The history of thousands of writes, with a crash in the middle, passes
-/// every rule of the shared checker.
+/// The history of thousands of `fenced_write`s, with a crash in the
+/// middle, passes every rule of the shared checker.
 #[test]
 fn thirty_two_clients_across_a_crash() -> Result<()> {
+    history_across_a_crash(false)
+}
+
+/// The same through `fenced_execute` (one statement when a client's cache
+/// is current, the locking path otherwise): every rule holds.
+#[test]
+fn thirty_two_cached_clients_across_a_crash() -> Result<()> {
+    history_across_a_crash(true)
+}
+
+fn history_across_a_crash(cached: bool) -> Result<()> {
     let server = PgServer::start()?;
     let mut db = server.client()?;
     install(&mut db)?;
@@ -97,6 +150,7 @@ fn thirty_two_clients_across_a_crash() -> Result<()> {
         workers.push(thread::spawn(move || -> Result<()> {
             let mut rng = Rng(0xD1B5_4A32_D192_ED03 ^ (c as u64 + 1));
             let mut db = connect_retrying(&url)?;
+            let mut cache = StateCache::new();
             let mut guest = fencecheck_tests::runtime()?.instance()?;
             let mut mine: Vec<Attempt> = Vec::new();
             for op in 0..OPS_PER_CLIENT {
@@ -168,12 +222,14 @@ fn thirty_two_clients_across_a_crash() -> Result<()> {
                     }
                 };
                 for mut a in batch {
-                    a.seen = attempt(&mut db, &mut guest, &a);
+                    a.seen = attempt(&mut db, &mut guest, cached.then_some(&mut cache), &a);
                     if db.is_closed()
                         || matches!(a.seen, Seen::Unknown)
                         || matches!(&a.seen, Seen::Refused(w) if w.starts_with("error"))
                     {
                         db = connect_retrying(&url)?;
+                        // Its prepared statements were the old connection's.
+                        cache = StateCache::new();
                     }
                     mine.push(a);
                 }
@@ -223,7 +279,7 @@ fn thirty_two_clients_across_a_crash() -> Result<()> {
             .insert(r.get(0), (version.unsigned_abs(), r.get(2)));
     }
     let summary = history::check(&history, &kept)?;
-    eprintln!("history: {summary:?}");
+    eprintln!("history (cached: {cached}): {summary:?}");
     ensure!(
         summary.applied > 200 && summary.refused > 200,
         "{summary:?}"
