@@ -41,6 +41,28 @@ const DELETE_KEYS = 'DELETE FROM fencecheck_keys WHERE scope_prefix = ?';
 const INSERT_KEY = 'INSERT INTO fencecheck_keys (scope_prefix, key_id, secret) VALUES (?, ?, ?)';
 const LIST_KEYS = 'SELECT scope_prefix, key_id FROM fencecheck_keys ORDER BY scope_prefix, key_id';
 const READ_STATE = 'SELECT fence_state FROM fencecheck_scopes WHERE scope = ?';
+// The state and whether any key prefix starts the scope, in one statement
+// (always one row), as the Rust host's READ_STATE_KEYED: an unkeyed scope,
+// the common case, costs no second statement.
+const READ_STATE_KEYED = `SELECT (SELECT fence_state FROM fencecheck_scopes WHERE scope = ?1) AS fence_state,
+  EXISTS (SELECT 1 FROM fencecheck_keys WHERE substr(?1, 1, length(scope_prefix)) = scope_prefix) AS keyed`;
+
+// better-sqlite3 parses a statement at every prepare(): each connection
+// keeps the statements of the write path, prepared once.
+const prepared = new WeakMap();
+function cached(db, sql) {
+  let statements = prepared.get(db);
+  if (statements === undefined) {
+    statements = new Map();
+    prepared.set(db, statements);
+  }
+  let statement = statements.get(sql);
+  if (statement === undefined) {
+    statement = db.prepare(sql);
+    statements.set(sql, statement);
+  }
+  return statement;
+}
 // Only the fence columns: a scope's catalog pointer (visible_object,
 // published_at_ms), written by the Rust host's publish, is left as it is.
 const STORE_STATE = `INSERT INTO fencecheck_scopes (scope, fence_state, version) VALUES (?, ?, ?)
@@ -218,8 +240,9 @@ export function fencedWrite(db, guest, request, mutate) {
   // wrapper would store the state in autocommit mode, apart from the mutation.
   return immediate(db, 'fencedWrite', () => {
     // Both under the write lock: no key change or other write in between.
-    const stored = loadState(db, request.scope);
-    const keys = scopeKeys(db, request.scope);
+    const row = cached(db, READ_STATE_KEYED).get({ 1: request.scope });
+    const stored = row.fence_state === null ? null : new Uint8Array(row.fence_state);
+    const keys = row.keyed ? scopeKeys(db, request.scope) : null;
     const decision = keys === null ? guest.check(stored, request) : guest.checkSigned(stored, request, keys);
     if (decision.outcome !== 'applied') {
       db.exec('ROLLBACK');
@@ -235,7 +258,7 @@ export function fencedWrite(db, guest, request, mutate) {
     }
     if (!db.inTransaction) throw new TransactionEnded();
     const state = Buffer.from(decision.state.buffer, decision.state.byteOffset, decision.state.byteLength);
-    db.prepare(STORE_STATE).run(request.scope, state, BigInt(decision.version));
+    cached(db, STORE_STATE).run(request.scope, state, BigInt(decision.version));
     db.exec('COMMIT');
     return decision;
   });

@@ -29,8 +29,10 @@ from fencecheck.postgres import (
     LAYOUT_VERSION,
     CommitUnknown,
     SerializationConflict,
+    StateCache,
     TransactionEnded,
     UnsupportedLayout,
+    fenced_execute,
     fenced_write,
     install,
     key_prefixes,
@@ -557,6 +559,147 @@ def test_rust_and_python_writers_share_one_fence(db, guest):
     assert guest.inspect(final).highest == tok(44) and guest.inspect(final).version == 3
     assert fenced_write(conn, guest, fc.Request(SCOPE, tok(43)), publish("x")) == fc.StaleFence(tok(43), tok(44))
     assert visible(db) == "python-43"
+
+
+# -- one round trip -----------------------------------------------------------
+
+# The catalog row and an audit row keyed by the accepted version, in one
+# statement (the audit insert fails on a duplicate payload).
+AUDIT = (
+    "CREATE TABLE audit (scope text NOT NULL, version bigint NOT NULL, "
+    "payload text NOT NULL UNIQUE, PRIMARY KEY (scope, version))"
+)
+PUBLISH = (
+    "WITH catalog AS (INSERT INTO report_catalog VALUES (%s, %s) ON CONFLICT (report_id) "
+    "DO UPDATE SET visible_object = excluded.visible_object) "
+    "INSERT INTO audit VALUES (%s, (SELECT version FROM fencecheck_accepted), %s)"
+)
+
+
+def _execute(conn, guest, cache, counter: int, payload: str):
+    return fenced_execute(conn, guest, cache, fc.Request(SCOPE, tok(counter)), PUBLISH, (SCOPE, payload, SCOPE, payload))
+
+
+def _round_trips(conn, write) -> int:
+    """How many times ``write`` waited for the server: in libpq's trace of
+    the messages, each turn from what the client sent (F) to what the server
+    answered (B)."""
+    with tempfile.TemporaryFile("w+") as trace:
+        conn.pgconn.trace(trace.fileno())
+        try:
+            write()
+        finally:
+            conn.pgconn.untrace()
+        trace.seek(0)
+        sides = [f[1] for f in (line.split("\t") for line in trace.read().splitlines()) if len(f) > 1]
+    return sum(1 for a, b in zip(sides, sides[1:]) if (a, b) == ("F", "B"))
+
+
+@pytest.mark.parametrize("autocommit", [True, False])
+def test_fenced_execute_writes_in_one_round_trip(db, guest, autocommit):
+    """The first write locks; the next, decided on the cached state, waits
+    for the server once (also on a connection not in autocommit mode) and
+    stores what the locking path would; a stale token is refused with the
+    stored highest and its statement never commits."""
+    db.execute(AUDIT)
+    conn = db.connect(autocommit=autocommit)
+    cache = StateCache()
+    first = _execute(conn, guest, cache, 10, "a")
+    assert isinstance(first, fc.Applied) and first.version == 1
+    assert (cache.one_round_trip, cache.stale, cache.uncached) == (0, 0, 1)
+    results = []
+    assert _round_trips(conn, lambda: results.append(_execute(conn, guest, cache, 11, "b"))) == 1
+    assert isinstance(results[0], fc.Applied) and results[0].version == 2
+    assert (cache.one_round_trip, cache.stale, cache.uncached) == (1, 0, 1)
+    assert db.query("SELECT version, payload FROM audit ORDER BY version") == [(1, "a"), (2, "b")]
+    assert load_state(conn, SCOPE) == results[0].state
+    conn.rollback()
+    assert _execute(conn, guest, cache, 9, "old") == fc.StaleFence(tok(9), tok(11))
+    assert db.query("SELECT count(*) FROM audit") == [(2,)]
+    assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+
+
+def test_fenced_execute_with_a_stale_cache_asks_the_database(db, guest):
+    """A Rust writer (fencecheck-postgres-worker) moves the state after the
+    Python writer cached it: the cached decision is not kept, the locking
+    path refuses the overtaken token with the stored highest, its statement
+    never commits; newer tokens apply on top of the Rust write."""
+    db.execute(AUDIT)
+    conn = db.connect(autocommit=True)
+    cache = StateCache()
+    assert isinstance(_execute(conn, guest, cache, 40, "py-40"), fc.Applied)
+    assert _worker(db, "0.50") == "applied 2"
+    assert _execute(conn, guest, cache, 45, "py-45") == fc.StaleFence(tok(45), tok(50))
+    assert cache.stale == 1
+    assert db.query("SELECT payload FROM audit ORDER BY version") == [("py-40",)]
+    newer = _execute(conn, guest, cache, 51, "py-51")
+    assert isinstance(newer, fc.Applied) and newer.version == 3
+    assert isinstance(_execute(conn, guest, cache, 52, "py-52"), fc.Applied)
+    # The locking path's read refreshed the cache: both went in one statement.
+    assert (cache.one_round_trip, cache.stale, cache.uncached) == (2, 1, 1)
+
+
+def test_fenced_execute_statement_failure_stores_nothing(db, guest):
+    """The statement's own failure (a duplicate audit payload) rolls the
+    fence's write back with it, and is raised as the mutation's, confirmed
+    by the locking path (not a stale answer)."""
+    db.execute(AUDIT)
+    conn = db.connect()
+    cache = StateCache()
+    _execute(conn, guest, cache, 10, "a")
+    before = db.query("SELECT fence_state, version FROM fencecheck_scopes")
+    with pytest.raises(psycopg.errors.UniqueViolation):
+        _execute(conn, guest, cache, 11, "a")
+    assert db.query("SELECT fence_state, version FROM fencecheck_scopes") == before
+    assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    applied = _execute(conn, guest, cache, 11, "b")
+    assert isinstance(applied, fc.Applied) and applied.version == 2
+    assert isinstance(_execute(conn, guest, cache, 12, "c"), fc.Applied)
+    assert (cache.one_round_trip, cache.stale, cache.uncached) == (1, 1, 2)
+
+
+def test_fenced_execute_connection_lost_during_commit_is_commit_unknown(guest):
+    """The backend dies while the one statement's commit is in flight (a
+    deferred trigger holds it; the test kills the backend): CommitUnknown,
+    not a retryable error nor a stale one. Its own server."""
+    server = PgServer()
+    try:
+        with psycopg.connect(server.conninfo(), autocommit=True) as setup:
+            install(setup)
+            setup.execute(CATALOG)
+            setup.execute(AUDIT)
+            setup.execute(
+                "CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS "
+                "$$ BEGIN PERFORM pg_sleep(30); RETURN NULL; END $$"
+            )
+        conn = psycopg.connect(server.conninfo(), autocommit=True)
+        cache = StateCache()
+        # The first write caches the state; the second goes in one statement.
+        assert isinstance(_execute(conn, guest, cache, 10, "a"), fc.Applied)
+        with psycopg.connect(server.conninfo(), autocommit=True) as setup:
+            setup.execute(
+                "CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT ON audit "
+                "DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION slow_commit()"
+            )
+        pid = conn.info.backend_pid
+        results: dict = {}
+        t = _in_thread(results, "write", lambda: _execute(conn, guest, cache, 11, "b"))
+        with psycopg.connect(server.conninfo(), autocommit=True) as watch:
+            deadline = time.monotonic() + 20
+            while not watch.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE pid = %s AND wait_event = 'PgSleep'",
+                (pid,),
+            ).fetchone()[0]:
+                assert time.monotonic() < deadline, "the commit never started"
+                time.sleep(0.01)
+        os.kill(pid, signal.SIGKILL)
+        t.join(20)
+        conn.close()
+        error = results["write"]
+        assert isinstance(error, CommitUnknown), error
+        assert not error.retryable
+    finally:
+        server.close()
 
 
 # -- signed tokens ------------------------------------------------------------

@@ -45,7 +45,8 @@ from __future__ import annotations
 
 import functools
 import importlib.resources
-from collections.abc import Callable, Iterable
+import re
+from collections.abc import Callable, Iterable, Sequence
 
 import psycopg
 from psycopg.pq import TransactionStatus
@@ -350,7 +351,11 @@ def key_prefixes(conn: psycopg.Connection) -> list[tuple[str, list[int]]]:
     return out
 
 
-def _decide_and_store(cur: psycopg.Cursor, guest: Instance, request: Request) -> Decision:
+def _decide_and_store(cur: psycopg.Cursor, guest: Instance, request: Request) -> tuple[Decision, bytes | None]:
+    """The decision, and the scope's state as this write leaves it (the new
+    state if applied, the one read if not) when the scope has no signing
+    keys: what a ``StateCache`` may keep (a keyed scope's decision depends
+    on more than the state)."""
     # Two rounds at most: the second only after another writer created the
     # scope between this one's locking read (no row) and its insert.
     for _ in range(2):
@@ -361,16 +366,17 @@ def _decide_and_store(cur: psycopg.Cursor, guest: Instance, request: Request) ->
         keys = scope_keys(cur.connection, request.scope)
         decision = guest.check(stored, request) if keys is None else guest.check_signed(stored, request, keys)
         if not isinstance(decision, Applied):
-            return decision
+            return decision, (stored if keys is None else None)
+        current = decision.state if keys is None else None
         # Refused before anything is stored or the mutation runs, as in Rust.
         if decision.version > _I64_MAX:
             raise OverflowError(f"version {decision.version} does not fit a PostgreSQL bigint; nothing was stored")
         if stored is not None:
             cur.execute(_UPDATE_STATE, (decision.state, decision.version, request.scope))
-            return decision
+            return decision, current
         cur.execute(_INSERT_STATE, (request.scope, decision.state, decision.version))
         if cur.rowcount == 1:
-            return decision
+            return decision, current
     raise ScopeRowRace(request.scope)
 
 
@@ -403,12 +409,24 @@ def fenced_write(
     connection must not be inside a transaction already: the fence check and
     the mutation need one of their own to be atomic together.
     """
+    return _fenced_write(conn, guest, request, mutate)[0]
+
+
+def _fenced_write(
+    conn: psycopg.Connection,
+    guest: Instance,
+    request: Request,
+    mutate: Callable[[psycopg.Connection, Applied], object],
+) -> tuple[Decision, bytes | None]:
+    """``fenced_write``, also returning what ``_decide_and_store`` says a
+    cache may keep."""
     _idle(conn, "fenced_write")
     committing = False
+    current = None
     try:
         with conn.transaction():
             with conn.cursor(row_factory=tuple_row) as cur:
-                decision = _decide_and_store(cur, guest, request)
+                decision, current = _decide_and_store(cur, guest, request)
             if not isinstance(decision, Applied):
                 raise _Rejected(decision)
             mutate(conn, decision)
@@ -417,13 +435,173 @@ def fenced_write(
             committing = True  # leaving the block sends COMMIT
     except _Rejected as rejected:
         # Rolled back (a failed rollback only loses a lock): the decision stands.
-        return rejected.decision
+        return rejected.decision, current
     except psycopg.Error as e:
         if e.sqlstate in _RETRYABLE:
             raise SerializationConflict("committing" if committing else "writing", e) from e
-        # The server's answer to COMMIT (an error with a SQLSTATE) means it
-        # rolled back; no answer at all means it may have committed.
-        if committing and e.sqlstate is None and isinstance(e, psycopg.OperationalError):
+        # The server's answer to COMMIT (an ERROR) means it rolled back; no
+        # answer at all, or the session ending, means it may have committed.
+        if committing and not _rolled_back(e):
             raise CommitUnknown(e) from e
         raise
+    return decision, current
+
+
+def _rolled_back(e: psycopg.Error) -> bool:
+    """Whether a failed commit (COMMIT, or an autocommit statement) surely
+    rolled back: an ERROR the server sent. A FATAL may come after the commit
+    (the session ended between the commit and the answer); no answer at all
+    says nothing. As the Rust host's ``rolled_back``."""
+    return e.sqlstate is not None and e.diag.severity_nonlocalized not in ("FATAL", "PANIC")
+
+
+# -- one round trip -----------------------------------------------------------
+#
+# The same statement as the Rust host's `fenced_execute` (host/postgres/src/
+# cached.rs, which explains it): the caller's statement, with the accepted
+# version as `fencecheck_accepted` and, when the writer's cached state is
+# current, the state's compare-and-set in front; a mismatch divides by zero
+# and rolls the whole statement back. Placeholders in order of appearance:
+# _ACCEPTED's version; _CAS's new state, version, scope, cached state, scope.
+
+_ACCEPTED = "fencecheck_accepted AS (SELECT %s::int8 AS version)"
+_CAS = (
+    "fencecheck_cas AS (UPDATE fencecheck_scopes SET fence_state = %s::bytea, version = %s::int8 "
+    "WHERE scope = %s::text AND fence_state = %s::bytea "
+    "AND NOT EXISTS (SELECT 1 FROM fencecheck_keys WHERE starts_with(%s::text, scope_prefix)) "
+    "RETURNING 1), "
+    "fencecheck_guard AS (INSERT INTO fencecheck_scopes (scope, fence_state, version) "
+    "SELECT NULL, NULL, NULL WHERE 1 / (SELECT count(*)::int4 FROM fencecheck_cas) = 0)"
+)
+_LEADING_WITH = re.compile(r"\s*with\s+(recursive\s+)?", re.IGNORECASE)
+_MAX_CACHED_SCOPES = 4096
+
+
+def _with_first(ours: str, sql: str) -> str:
+    """``sql`` with the common table expressions ``ours`` in front: a leading
+    ``WITH`` of the caller's own is extended rather than nested."""
+    m = _LEADING_WITH.match(sql)
+    if m is None:
+        return f"WITH {ours} {sql.lstrip()}"
+    recursive = "RECURSIVE " if m.group(1) else ""
+    return f"WITH {recursive}{ours}, {sql[m.end():]}"
+
+
+class StateCache:
+    """What one writer knows: for each scope it wrote, the fence state its
+    last write stored there (``fenced_execute``). One per writer; an out of
+    date cache costs a round trip, never a wrong decision. The counters say
+    how writes went: ``one_round_trip``, ``stale`` (the one statement rolled
+    back: the cached state was no longer stored, or the statement failed on
+    its own; the locking path decided), ``uncached`` (no cached state, or a
+    rejection on it, which the locking path confirms)."""
+
+    def __init__(self) -> None:
+        self._states: dict[str, bytes] = {}
+        self.one_round_trip = 0
+        self.stale = 0
+        self.uncached = 0
+
+    def forget(self, scope: str) -> None:
+        """Forget ``scope``'s state: its next write takes the locking path."""
+        self._states.pop(scope, None)
+
+    def _remember(self, scope: str, state: bytes) -> None:
+        if len(self._states) >= _MAX_CACHED_SCOPES and scope not in self._states:
+            self._states.pop(next(iter(self._states)))
+        self._states[scope] = state
+
+
+def fenced_execute(
+    conn: psycopg.Connection,
+    guest: Instance,
+    cache: StateCache,
+    request: Request,
+    sql: str,
+    params: Sequence[object] = (),
+) -> Decision:
+    """Run one statement under the fence: in one round trip when ``cache``
+    holds the scope's current state (the normal case, one lease holder per
+    scope), else as ``fenced_write`` does. Returns the decision, as
+    ``fenced_write``: a rejection is always confirmed against the stored
+    state, and nothing changes.
+
+    ``sql`` is one ``INSERT``, ``UPDATE`` or ``DELETE`` with positional
+    ``%s`` placeholders for ``params``; it may read the accepted version as
+    ``(SELECT version FROM fencecheck_accepted)``, must not touch
+    ``fencecheck_scopes``, and sees the database as it was before the
+    fence's own write. It is one statement, its own transaction, also on a
+    connection that is not in autocommit mode (one that sets
+    ``isolation_level``, ``read_only`` or ``deferrable`` gets BEGIN with
+    them, the statement and COMMIT). The connection must not be inside a
+    transaction.
+
+    Raises as ``fenced_write`` with ``sql`` as its mutation: only a success
+    is answered from the one statement; a rejection on the cached state, or
+    any failure that rolled the statement back, is decided again by the
+    locking path (which raises the statement's own failure if it recurs). A
+    lost connection during the one statement (or the session ending) is
+    ``CommitUnknown``.
+    """
+    _idle(conn, "fenced_execute")
+    params = tuple(params)
+    cached = cache._states.get(request.scope)
+    decision = None if cached is None else guest.check(cached, request)
+    if isinstance(decision, Applied) and decision.version <= _I64_MAX:
+        ours = (decision.version, decision.state, decision.version, request.scope, cached, request.scope)
+        try:
+            _one_statement(conn, _with_first(f"{_ACCEPTED}, {_CAS}", sql), ours + params)
+        except _Fallback:
+            # Rolled back for certain. The guard (the stored state is not the
+            # cached one) divides by zero, but the caller's statement runs
+            # first and may fail first because the cache was stale: only the
+            # locking path can tell, and it raises the statement's own
+            # failure if that recurs.
+            cache.stale += 1
+        else:
+            cache.one_round_trip += 1
+            cache._remember(request.scope, decision.state)
+            return decision
+    else:
+        cache.uncached += 1
+    cache.forget(request.scope)
+    locking = _with_first(_ACCEPTED, sql)
+
+    def mutate(c: psycopg.Connection, applied: Applied) -> None:
+        c.execute(locking, (applied.version, *params))
+
+    decision, current = _fenced_write(conn, guest, request, mutate)
+    if current is not None:
+        cache._remember(request.scope, current)
     return decision
+
+
+class _Fallback(Exception):
+    """The one statement rolled back: take the locking path."""
+
+
+def _one_statement(conn: psycopg.Connection, sql: str, params: tuple) -> None:
+    # One statement is its own transaction. A connection that opens its own
+    # (autocommit off) runs it in autocommit for the call, which only
+    # changes what psycopg sends (no BEGIN, no COMMIT: one round trip;
+    # psycopg's pipeline mode still waits for BEGIN); unless it asks for a
+    # transaction of another kind, whose BEGIN must then be sent.
+    plain = conn.isolation_level is None and conn.read_only is None and conn.deferrable is None
+    try:
+        if conn.autocommit:
+            conn.execute(sql, params)
+        elif plain:
+            conn.autocommit = True
+            try:
+                conn.execute(sql, params)
+            finally:
+                conn.autocommit = False
+        else:
+            with conn.transaction():
+                conn.execute(sql, params)
+    except psycopg.Error as e:
+        if _rolled_back(e):
+            raise _Fallback() from e
+        # No answer, or the session ended: the statement was its own
+        # commit, which may have happened.
+        raise CommitUnknown(e) from e

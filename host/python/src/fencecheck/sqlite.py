@@ -70,6 +70,13 @@ _READ_LAYOUT = (
     "SELECT typeof(value) = 'integer' AND value IN (?, ?), quote(value) FROM fencecheck_meta WHERE key = 'layout'"
 )
 _READ_STATE = "SELECT fence_state FROM fencecheck_scopes WHERE scope = ?"
+# The state and whether any key prefix starts the scope, in one statement
+# (always one row), as the Rust host's READ_STATE_KEYED: an unkeyed scope,
+# the common case, costs no second statement.
+_READ_STATE_KEYED = (
+    "SELECT (SELECT fence_state FROM fencecheck_scopes WHERE scope = ?1), "
+    "EXISTS (SELECT 1 FROM fencecheck_keys WHERE substr(?1, 1, length(scope_prefix)) = scope_prefix)"
+)
 # Only the fence columns: a scope's catalog pointer (visible_object,
 # published_at_ms), written by the Rust host's publish, is left as it is.
 _STORE_STATE = (
@@ -316,8 +323,10 @@ def fenced_write(
         raise sqlite3.ProgrammingError("fenced_write needs its own transaction; commit first")
     conn.execute("BEGIN IMMEDIATE")  # take the write lock before reading the state
     try:
-        stored = load_state(conn, request.scope)
-        keys = scope_keys(conn, request.scope)  # under the write lock, as the state
+        # Both under the write lock: no key change or other write in between.
+        state, keyed = conn.execute(_READ_STATE_KEYED, (request.scope,)).fetchone()
+        stored = None if state is None else bytes(state)
+        keys = scope_keys(conn, request.scope) if keyed else None
         decision = guest.check(stored, request) if keys is None else guest.check_signed(stored, request, keys)
         if not isinstance(decision, Applied):
             conn.rollback()
