@@ -64,6 +64,15 @@ fn audit(db: &mut postgres::Client) -> Result<Vec<(i64, String)>> {
         .collect())
 }
 
+/// `outcome` applied and produced `version`.
+fn applied(outcome: Fenced<u64>, version: u64) -> Result<()> {
+    ensure!(
+        matches!(outcome, Fenced::Applied { version: v, .. } if v == version),
+        "expected version {version} applied, got {outcome:?}"
+    );
+    Ok(())
+}
+
 fn stats(one_round_trip: u64, stale: u64, uncached: u64) -> CacheStats {
     CacheStats {
         one_round_trip,
@@ -145,8 +154,7 @@ fn a_current_cache_writes_in_one_statement() -> Result<()> {
     ensure!(audit(&mut db)?.len() == 2, "the stale statement ran");
     // The rejection went the locking way (a cached state never rejects on
     // its own), and the cache still serves the next write.
-    let third = publish(&mut db, &mut guest, &mut cache, 12, "c")?;
-    ensure!(matches!(third, Fenced::Applied { version: 3, .. }));
+    applied(publish(&mut db, &mut guest, &mut cache, 12, "c")?, 3)?;
     ensure!(cache.stats() == stats(2, 0, 2), "{:?}", cache.stats());
     Ok(())
 }
@@ -161,10 +169,7 @@ fn a_stale_cache_costs_a_round_trip_never_a_wrong_decision() -> Result<()> {
     let (server, mut db) = setup(&[])?;
     let mut guest = guest()?;
     let mut cache = StateCache::new();
-    ensure!(matches!(
-        publish(&mut db, &mut guest, &mut cache, 10, "mine-1")?,
-        Fenced::Applied { version: 1, .. }
-    ));
+    applied(publish(&mut db, &mut guest, &mut cache, 10, "mine-1")?, 1)?;
     let mut other = server.client()?;
     let theirs = fenced_write(&mut other, &mut guest, &request(20), |tx, accepted| {
         tx.execute(
@@ -189,16 +194,8 @@ fn a_stale_cache_costs_a_round_trip_never_a_wrong_decision() -> Result<()> {
 
     // The locking path's read refreshed the cache: the next writes go in
     // one statement again, on top of the other writer's version.
-    let newer = publish(&mut db, &mut guest, &mut cache, 21, "mine-3")?;
-    ensure!(
-        matches!(newer, Fenced::Applied { version: 3, .. }),
-        "{newer:?}"
-    );
-    let next = publish(&mut db, &mut guest, &mut cache, 22, "mine-4")?;
-    ensure!(
-        matches!(next, Fenced::Applied { version: 4, .. }),
-        "{next:?}"
-    );
+    applied(publish(&mut db, &mut guest, &mut cache, 21, "mine-3")?, 3)?;
+    applied(publish(&mut db, &mut guest, &mut cache, 22, "mine-4")?, 4)?;
     ensure!(cache.stats() == stats(2, 1, 1), "{:?}", cache.stats());
     Ok(())
 }
@@ -211,10 +208,7 @@ fn keys_set_after_caching_are_honoured() -> Result<()> {
     let (_server, mut db) = setup(&[])?;
     let mut guest = guest()?;
     let mut cache = StateCache::new();
-    ensure!(matches!(
-        publish(&mut db, &mut guest, &mut cache, 10, "a")?,
-        Fenced::Applied { version: 1, .. }
-    ));
+    applied(publish(&mut db, &mut guest, &mut cache, 10, "a")?, 1)?;
     set_keys(
         &mut db,
         "report/",
@@ -244,10 +238,7 @@ fn the_statements_failure_stores_nothing() -> Result<()> {
     let (_server, mut db) = setup(&[])?;
     let mut guest = guest()?;
     let mut cache = StateCache::new();
-    ensure!(matches!(
-        publish(&mut db, &mut guest, &mut cache, 10, "a")?,
-        Fenced::Applied { version: 1, .. }
-    ));
+    applied(publish(&mut db, &mut guest, &mut cache, 10, "a")?, 1)?;
     let before = stored_state(&mut db, JULY)?;
     match publish(&mut db, &mut guest, &mut cache, 11, "a") {
         Err(Error::Mutation(e))
@@ -258,16 +249,8 @@ fn the_statements_failure_stores_nothing() -> Result<()> {
     }
     ensure!(stored_state(&mut db, JULY)? == before, "the state moved");
     ensure!(cache.stats() == stats(0, 1, 1), "{:?}", cache.stats());
-    let next = publish(&mut db, &mut guest, &mut cache, 11, "b")?;
-    ensure!(
-        matches!(next, Fenced::Applied { version: 2, .. }),
-        "{next:?}"
-    );
-    let after = publish(&mut db, &mut guest, &mut cache, 12, "c")?;
-    ensure!(
-        matches!(after, Fenced::Applied { version: 3, .. }),
-        "{after:?}"
-    );
+    applied(publish(&mut db, &mut guest, &mut cache, 11, "b")?, 2)?;
+    applied(publish(&mut db, &mut guest, &mut cache, 12, "c")?, 3)?;
     ensure!(cache.stats() == stats(1, 1, 2), "{:?}", cache.stats());
     Ok(())
 }
@@ -305,10 +288,7 @@ fn a_connection_lost_during_the_commit_is_commit_unknown() -> Result<()> {
     let mut guest = guest()?;
     let mut cache = StateCache::new();
     // The first write caches the state; the second goes in one statement.
-    ensure!(matches!(
-        publish(&mut db, &mut guest, &mut cache, 10, "a")?,
-        Fenced::Applied { version: 1, .. }
-    ));
+    applied(publish(&mut db, &mut guest, &mut cache, 10, "a")?, 1)?;
     server.client()?.batch_execute(
         "CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS
            $$ BEGIN PERFORM pg_sleep(30); RETURN NULL; END $$;
