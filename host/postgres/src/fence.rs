@@ -2,6 +2,7 @@
 //! state → the caller's mutation → commit, in one transaction.
 
 use fencecheck::{Accepted, Checker, Fenced, Request, accept_signed};
+use postgres::types::Type;
 use postgres::{Client, Transaction};
 
 use crate::Error;
@@ -18,7 +19,7 @@ const LOCK_STATE: &str = "SELECT fence_state, \
 // second waits for the first to commit, inserts nothing, and decides again
 // against the state the first stored.
 const INSERT_STATE: &str = "INSERT INTO fencecheck_scopes (scope, fence_state, version) \
-     VALUES ($1, $2, $3) ON CONFLICT (scope) DO NOTHING";
+     VALUES ($1, $2, $3) ON CONFLICT (scope) DO NOTHING RETURNING 1";
 
 const UPDATE_STATE: &str =
     "UPDATE fencecheck_scopes SET fence_state = $2, version = $3 WHERE scope = $1";
@@ -99,10 +100,12 @@ where
     // scope between this one's locking read (no row) and its insert.
     let mut accepted = None;
     for _ in 0..2 {
-        let row = tx
-            .query_opt(LOCK_STATE, &[&request.scope])
+        // `query_typed`: parse, bind and execute in one round trip (the
+        // driver would otherwise prepare every statement first, a second).
+        let rows = tx
+            .query_typed(LOCK_STATE, &[(&request.scope, Type::TEXT)])
             .map_err(pg("locking the fence state"))?;
-        let (stored, keyed): (Option<Vec<u8>>, bool) = match row {
+        let (stored, keyed): (Option<Vec<u8>>, bool) = match rows.first() {
             Some(r) => (Some(r.get(0)), r.get(1)),
             // A new scope: no row to say it, so look the keys up.
             None => (None, true),
@@ -127,14 +130,18 @@ where
             what: "version",
             why: format!("{} does not fit a PostgreSQL bigint", decided.version),
         })?;
-        let params: [&(dyn postgres::types::ToSql + Sync); 3] = [&request.scope, &state, &version];
+        let params: [(&(dyn postgres::types::ToSql + Sync), Type); 3] = [
+            (&request.scope, Type::TEXT),
+            (&state, Type::BYTEA),
+            (&version, Type::INT8),
+        ];
         if stored.is_some() {
-            tx.execute(UPDATE_STATE, &params)
+            tx.query_typed(UPDATE_STATE, &params)
                 .map_err(pg("storing the fence state"))?;
         } else if tx
-            .execute(INSERT_STATE, &params)
+            .query_typed(INSERT_STATE, &params)
             .map_err(pg("storing the first fence state"))?
-            == 0
+            .is_empty()
         {
             continue;
         }
