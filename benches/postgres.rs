@@ -102,14 +102,15 @@ impl Writer {
         Ok(())
     }
 
-    fn adapter(&mut self) -> Result<()> {
+    /// The next write's report and token (each write under a newer token).
+    fn next_write(&mut self) -> (String, Token) {
         self.next += 1;
         let id = format!("report/{}/{}", self.client, self.next % REPORTS_PER_CLIENT);
-        let token = Token {
-            authority: 0,
-            epoch: 1,
-            counter: self.next,
-        };
+        (id, Token::new(0, 1, self.next))
+    }
+
+    fn adapter(&mut self) -> Result<()> {
+        let (id, token) = self.next_write();
         let request = Request::new(id.as_str(), token, Policy::Strict);
         let outcome =
             fencecheck_postgres::fenced_write(&mut self.db, &mut self.guest, &request, |tx, _| {
@@ -125,13 +126,7 @@ impl Writer {
     }
 
     fn one_statement(&mut self) -> Result<()> {
-        self.next += 1;
-        let id = format!("report/{}/{}", self.client, self.next % REPORTS_PER_CLIENT);
-        let token = Token {
-            authority: 0,
-            epoch: 1,
-            counter: self.next,
-        };
+        let (id, token) = self.next_write();
         // Its own scopes: the adapter's writes would make its cache stale.
         let scope = format!("cached/{id}");
         let request = Request::new(scope.as_str(), token, Policy::Strict);

@@ -38,7 +38,7 @@ use postgres::{Client, Statement};
 
 use crate::Error;
 use crate::error::rolled_back;
-use crate::fence::run_keeping_state;
+use crate::fence::{run_keeping_state, stored_version};
 
 /// Scopes a [`StateCache`] remembers; past it, one is forgotten per new one
 /// (a forgotten scope costs its next write the locking path, nothing else).
@@ -269,13 +269,6 @@ where
         cache.remember(&request.scope, state);
     }
     Ok(fenced)
-}
-
-fn stored_version(version: u64) -> Result<i64, Error> {
-    i64::try_from(version).map_err(|_| Error::Invalid {
-        what: "version",
-        why: format!("{version} does not fit a PostgreSQL bigint"),
-    })
 }
 
 fn one_statement<C>(

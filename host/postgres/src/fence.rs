@@ -126,10 +126,7 @@ where
                 return Ok((Fenced::Rejected(rejection), current));
             }
         };
-        let version = i64::try_from(decided.version).map_err(|_| Error::Invalid {
-            what: "version",
-            why: format!("{} does not fit a PostgreSQL bigint", decided.version),
-        })?;
+        let version = stored_version(decided.version)?;
         let params: [(&(dyn postgres::types::ToSql + Sync), Type); 3] = [
             (&request.scope, Type::TEXT),
             (&state, Type::BYTEA),
@@ -175,5 +172,13 @@ pub(crate) fn commit(tx: Transaction<'_>) -> Result<(), Error> {
         } else {
             Error::CommitUnknown(e)
         }
+    })
+}
+
+/// A version as PostgreSQL's bigint stores it; one beyond is refused.
+pub(crate) fn stored_version(version: u64) -> Result<i64, Error> {
+    i64::try_from(version).map_err(|_| Error::Invalid {
+        what: "version",
+        why: format!("{version} does not fit a PostgreSQL bigint"),
     })
 }
