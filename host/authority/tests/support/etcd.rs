@@ -310,8 +310,11 @@ impl Cluster {
     }
 
     /// [`Cluster::post`] a membership change, repeated (bounded) while etcd
-    /// refuses it as an "unhealthy cluster": it accepts one only once a
-    /// quorum of the remaining members has been connected for 5 seconds.
+    /// refuses it as an "unhealthy cluster" (it accepts one only once a
+    /// quorum of the remaining members has been connected for 5 seconds) or
+    /// gives no answer in time (a change proposed while a member is cut
+    /// off can wait on the quorum; its retry may find it already applied,
+    /// which the caller recognises).
     fn post_when_healthy(
         &self,
         via: usize,
@@ -321,7 +324,11 @@ impl Cluster {
         let deadline = Instant::now() + HEALTHY_WITHIN;
         loop {
             match self.post(via, path, body.clone()) {
-                Err(e) if format!("{e:#}").contains("unhealthy cluster") => {
+                Err(e)
+                    if ["unhealthy cluster", "timeout"]
+                        .iter()
+                        .any(|m| format!("{e:#}").contains(m)) =>
+                {
                     if Instant::now() >= deadline {
                         return Err(e.context(format!("still refused after {HEALTHY_WITHIN:?}")));
                     }
@@ -353,11 +360,17 @@ impl Cluster {
             leader
         };
         let id = self.status(i)?.member_id;
-        self.post_when_healthy(
+        match self.post_when_healthy(
             via,
             "/v3/cluster/member/remove",
             serde_json::json!({"ID": id.to_string()}),
-        )?;
+        ) {
+            // A retry after an attempt that timed out yet applied.
+            Err(e) if format!("{e:#}").contains("member not found") => {}
+            other => {
+                other?;
+            }
+        }
         if let Some(mut child) = self.members[i].child.take() {
             child.kill()?;
             child.wait()?;
@@ -365,11 +378,17 @@ impl Cluster {
         let leader = self.wait_healthy()?;
         let via = leader;
         let peer_url = format!("http://{}:2380", net.addr(node));
-        self.post_when_healthy(
+        match self.post_when_healthy(
             via,
             "/v3/cluster/member/add",
             serde_json::json!({"peerURLs": [peer_url]}),
-        )?;
+        ) {
+            // A retry after an attempt that timed out yet applied.
+            Err(e) if format!("{e:#}").contains("Peer URLs already exists") => {}
+            other => {
+                other?;
+            }
+        }
         // A name (and data directory) never used before in this cluster.
         static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let generation = NEXT.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
