@@ -1,8 +1,12 @@
 //! One fence check through wasmtime against the native reference, and a
 //! batch per check: `check-packed` (what `Instance::check_batch` uses) and the
 //! typed `check-batch`. `wasm` is the default runtime (checks over the core
-//! transport); `wasm-component` the same component through wasmtime's
-//! component API for every call. Reproduce: `cargo bench -p fencecheck-benches --bench check`.
+//! transport: the embedded component, unmetered, one crossing per single
+//! check); `wasm-metered` the same under fuel metering (what a component
+//! loaded from a path gets); `wasm-component` the same component through
+//! wasmtime's component API for every call. `native-packed` is the native
+//! reference through the same packed encoding and decoding as `wasm`, so
+//! that ratio's two sides do the same work. Reproduce: `cargo bench -p fencecheck-benches --bench check`.
 //!
 //! The workload is the common case: a scope that has accepted token 0.41 and a
 //! request presenting 0.42, so the guest decodes the state, decides `applied`
@@ -17,7 +21,9 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use fencecheck::{Checker, Decision, GrantKey, Native, Policy, Request, Runtime, Token};
+use fencecheck::{
+    Checker, Decision, GrantKey, Limits, Native, NativePacked, Policy, Request, Runtime, Token,
+};
 
 const BATCH: usize = 256;
 
@@ -37,18 +43,29 @@ fn bench(c: &mut Criterion) -> anyhow::Result<()> {
     let runtime = Runtime::new()?;
     let mut wasm = runtime.instance()?;
     let mut component = runtime.with_component_transport().instance()?;
+    let mut metered = Runtime::from_bytes_metered(fencecheck::COMPONENT, Limits::default())?
+        .instance()?;
+    let mut packed = NativePacked::default();
     // Every runtime must decide the same thing before we time them.
     let expected = Native.check(Some(&state), &request)?;
     anyhow::ensure!(wasm.check(Some(&state), &request)? == expected);
     anyhow::ensure!(component.check(Some(&state), &request)? == expected);
+    anyhow::ensure!(metered.check(Some(&state), &request)? == expected);
+    anyhow::ensure!(packed.check(Some(&state), &request)? == expected);
 
     let mut single = c.benchmark_group("check/single");
     single.throughput(Throughput::Elements(1));
     single.bench_function("native", |b| {
         b.iter(|| fencecheck_guest::check(black_box(Some(&state)), black_box(&request)))
     });
+    single.bench_function("native-packed", |b| {
+        b.iter(|| packed.check(black_box(Some(&state)), black_box(&request)))
+    });
     single.bench_function("wasm", |b| {
         b.iter(|| wasm.check(black_box(Some(&state)), black_box(&request)))
+    });
+    single.bench_function("wasm-metered", |b| {
+        b.iter(|| metered.check(black_box(Some(&state)), black_box(&request)))
     });
     single.bench_function("wasm-component", |b| {
         b.iter(|| component.check(black_box(Some(&state)), black_box(&request)))
@@ -97,6 +114,11 @@ fn bench(c: &mut Criterion) -> anyhow::Result<()> {
     batch.bench_with_input(BenchmarkId::new("native", BATCH), &items, |b, items| {
         b.iter(|| Native.check_batch(black_box(items)))
     });
+    batch.bench_with_input(
+        BenchmarkId::new("native-packed", BATCH),
+        &items,
+        |b, items| b.iter(|| packed.check_batch(black_box(items))),
+    );
     batch.bench_with_input(
         BenchmarkId::new("wasm-packed", BATCH),
         &items,

@@ -94,19 +94,55 @@ fn trap_is_an_error_and_the_instance_recovers() -> Result<()> {
     Ok(())
 }
 
-/// A guest that runs out of fuel is stopped and reported, not left running.
+/// Under metering (any component loaded from a path, or asked for), a guest
+/// that runs out of fuel is stopped and reported, not left running, over
+/// both transports.
 #[test]
 fn fuel_bounds_each_call() -> Result<()> {
     let limits = Limits {
         fuel_per_check: 50,
         ..Limits::default()
     };
-    let mut guest = Runtime::from_bytes(COMPONENT, limits)?.instance()?;
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("fencecheck.wasm");
+    std::fs::write(&path, COMPONENT)?;
+    let from_file = Runtime::from_file(&path, limits)?;
+    ensure!(from_file.metered(), "a component from a path runs metered");
+    let metered = Runtime::from_bytes_metered(COMPONENT, limits)?;
     let request = Request::new("s", Token::new(0, 0, 1), Policy::Strict);
-    match guest.check(None, &request) {
-        Err(Error::Trapped { message, .. }) => ensure!(message.contains("fuel"), "{message}"),
-        other => bail!("expected an out-of-fuel trap, got {other:?}"),
+    for rt in [
+        from_file.clone(),
+        from_file.with_component_transport(),
+        metered,
+    ] {
+        match rt.instance()?.check(None, &request) {
+            Err(Error::Trapped { message, .. }) => ensure!(message.contains("fuel"), "{message}"),
+            other => bail!("expected an out-of-fuel trap, got {other:?}"),
+        }
     }
+    Ok(())
+}
+
+/// The embedded component runs unmetered: the fuel limit does not apply,
+/// no fuel is reported, and it decides as the metered runtime does, which
+/// reports what each call consumed.
+#[test]
+fn the_embedded_component_runs_unmetered() -> Result<()> {
+    let starved = Limits {
+        fuel_per_check: 1,
+        ..Limits::default()
+    };
+    let rt = Runtime::from_bytes(COMPONENT, starved)?;
+    ensure!(!rt.metered() && !Runtime::new()?.metered());
+    let request = Request::new("s", Token::new(0, 0, 1), Policy::Strict);
+    let mut guest = rt.instance()?;
+    let outcome = guest.check(None, &request)?;
+    ensure!(matches!(outcome, Ok(Decision::Applied { .. })), "{outcome:?}");
+    ensure!(guest.last_fuel().is_none());
+    let mut metered = Runtime::from_bytes_metered(COMPONENT, Limits::default())?.instance()?;
+    ensure!(metered.check(None, &request)? == outcome);
+    let used = metered.last_fuel();
+    ensure!(matches!(used, Some(1..=100_000)), "{used:?}");
     Ok(())
 }
 
@@ -224,10 +260,11 @@ fn damaged_or_mismatched_artifacts_fall_back_to_compiling() -> Result<()> {
     core[middle] ^= 0x80;
     let mut sha256 = PRECOMPILED.sha256;
     sha256[0] ^= 0x01;
-    // Under another configuration (no fuel): checksummed as if genuine, so
-    // only wasmtime's own compatibility check can refuse it.
+    // Under another configuration (fuel on, where the embedded artifacts
+    // are unmetered): checksummed as if genuine, so only wasmtime's own
+    // compatibility check can refuse it.
     let mut other = wasmtime::Config::new();
-    other.consume_fuel(false);
+    other.consume_fuel(true);
     let wasm = |e: wasmtime::Error| anyhow::anyhow!("{e:#}");
     let engine = wasmtime::Engine::new(&other).map_err(wasm)?;
     let foreign_component = engine.precompile_component(COMPONENT).map_err(wasm)?;

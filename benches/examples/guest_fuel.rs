@@ -27,7 +27,7 @@ fn instance(component: &[u8], fuel: u64) -> anyhow::Result<Instance> {
     // The component API: the core transport adds a per-input-byte fuel
     // allowance (the guest validates UTF-8 itself there), which would skew
     // the least passing budget.
-    Ok(Runtime::from_bytes(component, limits)?
+    Ok(Runtime::from_bytes_metered(component, limits)?
         .with_component_transport()
         .instance()?)
 }

@@ -14,7 +14,11 @@
 //! - `frame`: the checksummed frame both encodings share.
 //! - `auth`: signed tokens: the grant message, HMAC-SHA256 signing and
 //!   verification (rule 1b), `check-signed`.
-//! - `packed`: `check-packed`, many checks over one byte buffer each way.
+//! - `packed`: `check-packed`, many checks over one byte buffer each way,
+//!   and its one-item form (`check_one_packed`).
+//! - `alloc` (wasm only): the counting bump allocator every call allocates from.
+//! - `one` (wasm only): the single-check core export: one crossing per check
+//!   over persistent input and output buffers (docs/design.md §7).
 //! - `crc`: CRC-32C, hand-written to keep the component small.
 //! - `bindings` (wasm only): the wit-bindgen exports, a thin conversion layer.
 //!
@@ -41,11 +45,18 @@
     clippy::float_arithmetic
 )]
 
-// wit-bindgen's generated ABI glue is the only unsafe code in the guest.
+// wit-bindgen's generated ABI glue, the allocator and the single-check
+// core export are the only unsafe code in the guest (wasm only).
+#[cfg(target_arch = "wasm32")]
+#[allow(unsafe_code)]
+mod alloc;
 mod auth;
 #[cfg(target_arch = "wasm32")]
 #[allow(unsafe_code)]
 mod bindings;
+#[cfg(target_arch = "wasm32")]
+#[allow(unsafe_code)]
+mod one;
 mod check;
 mod crc;
 mod frame;
@@ -66,7 +77,7 @@ pub use lease::{
     MAX_LOCK_BYTES, Release, ReleaseRequest, Renew, RenewRequest, acquire, inspect_lease, release,
     renew, restore,
 };
-pub use packed::{BatchError, check_packed};
+pub use packed::{BatchError, check_one_packed, check_packed};
 pub use state::{WINDOW_CAPACITY, inspect};
 pub use types::{
     CheckError, Corruption, Decision, InvalidReason, MAX_OP_ID_BYTES, MAX_SCOPE_BYTES, Policy,

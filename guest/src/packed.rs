@@ -62,22 +62,44 @@ pub fn check_packed(input: &[u8]) -> Result<Vec<u8>, BatchError> {
     let mut out = Vec::with_capacity(input.len().saturating_add(items.len().saturating_mul(48)));
     out.extend_from_slice(&(items.len() as u32).to_le_bytes());
     for (state, request, gate) in items {
-        match gate {
-            Gate::Open => write_result(&mut out, decide(state, request)),
-            Gate::InvalidKeys(problem) => {
-                out.push(tag::INVALID_KEYS);
-                out.push(problem as u8);
-            }
-            Gate::Unauthenticated(failure) => {
-                out.push(tag::UNAUTHENTICATED);
-                out.push(failure as u8);
-            }
-        }
+        write_gated(&mut out, state, request, gate);
     }
     Ok(out)
 }
 
 type Item<'a> = (Option<&'a [u8]>, RequestRef<'a>, Gate);
+
+/// [`check_packed`] for a batch of exactly one item, written into `out`
+/// (cleared first): the same bytes out for the same bytes in, without the
+/// batch's item list. What the component's single-check core export calls.
+/// A batch whose count is not 1 is `malformed` here (callers send one).
+pub fn check_one_packed(input: &[u8], out: &mut Vec<u8>) -> Result<(), BatchError> {
+    out.clear();
+    let mut r = Reader(input);
+    if r.u32().map_err(|_| BatchError::Malformed)? != 1 {
+        return Err(BatchError::Malformed);
+    }
+    let (state, request, gate) = item(&mut r)?;
+    r.end().map_err(|_| BatchError::Malformed)?;
+    out.reserve(input.len().saturating_add(48));
+    out.extend_from_slice(&1u32.to_le_bytes());
+    write_gated(out, state, request, gate);
+    Ok(())
+}
+
+fn write_gated(out: &mut Vec<u8>, state: Option<&[u8]>, request: RequestRef<'_>, gate: Gate) {
+    match gate {
+        Gate::Open => write_result(out, decide(state, request)),
+        Gate::InvalidKeys(problem) => {
+            out.push(tag::INVALID_KEYS);
+            out.push(problem as u8);
+        }
+        Gate::Unauthenticated(failure) => {
+            out.push(tag::UNAUTHENTICATED);
+            out.push(failure as u8);
+        }
+    }
+}
 
 fn parse(input: &[u8]) -> Result<Vec<Item<'_>>, BatchError> {
     let malformed = |_| BatchError::Malformed;
@@ -89,66 +111,72 @@ fn parse(input: &[u8]) -> Result<Vec<Item<'_>>, BatchError> {
         .min(input.len() / 29);
     let mut items = Vec::with_capacity(capacity);
     for _ in 0..count {
-        // Flags and token: one bounds check for the fixed 25 bytes.
-        let (fixed, rest) = r.0.split_first_chunk::<25>().ok_or(BatchError::Malformed)?;
-        r.0 = rest;
-        let flags = fixed[0];
-        if flags & !KNOWN_FLAGS != 0 {
-            return Err(BatchError::Malformed);
-        }
-        let word = |b: &[u8]| b.first_chunk::<8>().map_or(0, |w| u64::from_le_bytes(*w));
-        let token = Token::new(word(&fixed[1..9]), word(&fixed[9..17]), word(&fixed[17..]));
-        let expected_version = if flags & HAS_EXPECTED != 0 {
-            Some(r.u64().map_err(malformed)?)
-        } else {
-            None
-        };
-        let scope = text(&mut r)?;
-        let op_id = if flags & HAS_OP_ID != 0 {
-            Some(text(&mut r)?)
-        } else {
-            None
-        };
-        let state = if flags & HAS_STATE != 0 {
-            Some(bytes(&mut r)?)
-        } else {
-            None
-        };
-        let policy = if flags & ALLOW_EQUAL != 0 {
-            Policy::AllowEqual
-        } else {
-            Policy::Strict
-        };
-        let request = RequestRef {
-            scope,
-            token,
-            policy,
-            op_id,
-            expected_version,
-        };
-        let gate = match (flags & HAS_KEYS != 0, flags & HAS_SIGNATURE != 0) {
-            (false, false) => Gate::Open,
-            // A signature is only ever checked against keys: without them
-            // the item would mean two things, so the batch is refused.
-            (false, true) => return Err(BatchError::Malformed),
-            (true, signed) => {
-                let keys = keys(&mut r)?;
-                let signature = if signed {
-                    Some(signature(&mut r)?)
-                } else {
-                    None
-                };
-                match authenticate(&request, signature, &keys) {
-                    Ok(()) | Err(SignedCheckError::Check(_)) => Gate::Open,
-                    Err(SignedCheckError::InvalidKeys(p)) => Gate::InvalidKeys(p),
-                    Err(SignedCheckError::Unauthenticated(a)) => Gate::Unauthenticated(a),
-                }
-            }
-        };
-        items.push((state, request, gate));
+        items.push(item(&mut r)?);
     }
     r.end().map_err(malformed)?;
     Ok(items)
+}
+
+/// One item of a packed batch, authenticated if it opted in.
+fn item<'a>(r: &mut Reader<'a>) -> Result<Item<'a>, BatchError> {
+    let malformed = |_| BatchError::Malformed;
+    // Flags and token: one bounds check for the fixed 25 bytes.
+    let (fixed, rest) = r.0.split_first_chunk::<25>().ok_or(BatchError::Malformed)?;
+    r.0 = rest;
+    let flags = fixed[0];
+    if flags & !KNOWN_FLAGS != 0 {
+        return Err(BatchError::Malformed);
+    }
+    let word = |b: &[u8]| b.first_chunk::<8>().map_or(0, |w| u64::from_le_bytes(*w));
+    let token = Token::new(word(&fixed[1..9]), word(&fixed[9..17]), word(&fixed[17..]));
+    let expected_version = if flags & HAS_EXPECTED != 0 {
+        Some(r.u64().map_err(malformed)?)
+    } else {
+        None
+    };
+    let scope = text(r)?;
+    let op_id = if flags & HAS_OP_ID != 0 {
+        Some(text(r)?)
+    } else {
+        None
+    };
+    let state = if flags & HAS_STATE != 0 {
+        Some(bytes(r)?)
+    } else {
+        None
+    };
+    let policy = if flags & ALLOW_EQUAL != 0 {
+        Policy::AllowEqual
+    } else {
+        Policy::Strict
+    };
+    let request = RequestRef {
+        scope,
+        token,
+        policy,
+        op_id,
+        expected_version,
+    };
+    let gate = match (flags & HAS_KEYS != 0, flags & HAS_SIGNATURE != 0) {
+        (false, false) => Gate::Open,
+        // A signature is only ever checked against keys: without them
+        // the item would mean two things, so the batch is refused.
+        (false, true) => return Err(BatchError::Malformed),
+        (true, signed) => {
+            let keys = keys(r)?;
+            let signature = if signed {
+                Some(signature(r)?)
+            } else {
+                None
+            };
+            match authenticate(&request, signature, &keys) {
+                Ok(()) | Err(SignedCheckError::Check(_)) => Gate::Open,
+                Err(SignedCheckError::InvalidKeys(p)) => Gate::InvalidKeys(p),
+                Err(SignedCheckError::Unauthenticated(a)) => Gate::Unauthenticated(a),
+            }
+        }
+    };
+    Ok((state, request, gate))
 }
 
 /// `count u8 | count × (key-id u32 | secret-len u8 | secret)`.
@@ -386,6 +414,43 @@ mod tests {
         assert_eq!(out[4], tag::APPLIED);
         let rest = &out[4 + 37 + usize::from(out[37]) + usize::from(out[38]) * 256..];
         assert_eq!(rest, &[134, 3, 134, 0, 135, 0]);
+    }
+
+    /// The one-item path answers byte for byte what a one-item batch
+    /// answers, for every well-formed and malformed case above, and refuses
+    /// any other count.
+    #[test]
+    fn one_item_path_matches_the_batch() {
+        let mut out = Vec::new();
+        let mut cases = vec![
+            batch(&[item(0, b"s", &[])]),
+            batch(&[item(ALLOW_EQUAL, b"s", &[])]),
+            batch(&[item(HAS_KEYS, b"s", &[0])]),
+            batch(&[item(0, &[0xff, 0xfe], &[])]),
+            batch(&[item(HAS_STATE, b"s", &[9, 0, 0, 0, 1])]),
+            batch(&[item(1 << 6, b"s", &[])]),
+        ];
+        // A state from a first check, then a stale and a newer request on it.
+        let first = check_packed(&cases[0]).unwrap_or_else(|e| panic!("{e:?}"));
+        let state = &first[4 + 37..];
+        let mut with_state = (state.len() as u32).to_le_bytes().to_vec();
+        with_state.extend_from_slice(state);
+        cases.push(batch(&[item(HAS_STATE, b"s", &with_state)]));
+        cases.push(batch(&[item(HAS_STATE, b"t", &with_state)]));
+        let mut good = cases[0].clone();
+        good.push(0);
+        cases.push(good);
+        for (i, case) in cases.iter().enumerate() {
+            let one = check_one_packed(case, &mut out).map(|()| out.clone());
+            assert_eq!(one, check_packed(case), "case {i}");
+        }
+        let two = batch(&[item(0, b"s", &[]), item(0, b"t", &[])]);
+        assert!(check_packed(&two).is_ok());
+        assert_eq!(check_one_packed(&two, &mut out), Err(BatchError::Malformed));
+        assert_eq!(
+            check_one_packed(&0u32.to_le_bytes(), &mut out),
+            Err(BatchError::Malformed)
+        );
     }
 
     /// An empty batch is valid and answers zero outcomes.

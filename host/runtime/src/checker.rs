@@ -96,6 +96,60 @@ pub trait Checker {
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Native;
 
+/// The native reference through the same packed path the wasm core
+/// transport takes: the host's encoding, the guest's `check_one_packed` /
+/// `check_packed`, the host's decoding. For benchmarks that want both sides
+/// of a ratio to do the same work; not part of the stable API.
+#[doc(hidden)]
+#[derive(Debug, Default)]
+pub struct NativePacked {
+    input: Vec<u8>,
+    output: Vec<u8>,
+}
+
+impl NativePacked {
+    /// One check, as [`crate::Instance::check`] sends it.
+    pub fn check(&mut self, state: Option<&[u8]>, request: &Request) -> Result<Outcome, Error> {
+        const CALL: &str = "check";
+        self.input.clear();
+        crate::packed::encode_into(&mut self.input, &[(state, request)]).ok_or(
+            Error::TooLarge {
+                call: CALL,
+                bytes: usize::MAX,
+                limit: u32::MAX as usize,
+            },
+        )?;
+        let protocol = |message: String| Error::Protocol {
+            call: CALL,
+            message,
+        };
+        fencecheck_guest::check_one_packed(&self.input, &mut self.output)
+            .map_err(|e| protocol(format!("{e:?}")))?;
+        crate::packed::decode_one(&self.output).map_err(protocol)
+    }
+
+    /// A batch, as [`crate::Instance::check_batch`] sends it.
+    pub fn check_batch(
+        &mut self,
+        items: &[(Option<&[u8]>, &Request)],
+    ) -> Result<Vec<Outcome>, Error> {
+        const CALL: &str = "check-packed";
+        self.input.clear();
+        crate::packed::encode_into(&mut self.input, items).ok_or(Error::TooLarge {
+            call: CALL,
+            bytes: usize::MAX,
+            limit: u32::MAX as usize,
+        })?;
+        let protocol = |message: String| Error::Protocol {
+            call: CALL,
+            message,
+        };
+        let out = fencecheck_guest::check_packed(&self.input)
+            .map_err(|e| protocol(format!("{e:?}")))?;
+        crate::packed::decode(&out, items.len()).map_err(protocol)
+    }
+}
+
 impl Checker for Native {
     fn check(&mut self, state: Option<&[u8]>, request: &Request) -> Result<Outcome, Error> {
         Ok(fencecheck_guest::check(state, request))

@@ -13,6 +13,14 @@
 //! it. The decisions are those of the component API; `tests/properties.rs`
 //! and the agreement trace compare both transports.
 //!
+//! A single check takes one call instead of three when the module also has
+//! the guest's single-check exports (`fencecheck-one-input`,
+//! `fencecheck-one`: guest/src/one.rs): the one-item batch is written into
+//! the guest's static input buffer and the answer read from its static
+//! output buffer, with no allocation that outlives the call and no
+//! post-return. A module without them (an older component) takes the
+//! three-call path for every check.
+//!
 //! Used only when the component has the shape wit-component gives an
 //! import-free guest: exactly one core module anywhere in the binary,
 //! importing nothing, and exporting `memory`, `cabi_realloc`
@@ -37,12 +45,18 @@ fn post_return(check_interface: &str) -> String {
     format!("cabi_post_{check_interface}#check-packed")
 }
 
+/// The guest's single-check exports (guest/src/one.rs).
+const ONE_INPUT: &str = "fencecheck-one-input";
+const ONE: &str = "fencecheck-one";
+
 /// The component's core module, compiled and checked for the shape above.
 #[derive(Clone)]
 pub(crate) struct CoreModule {
     module: Module,
     /// The check interface's full name, which prefixes the export names.
     check_interface: String,
+    /// Whether it has the single-check exports, with their exact types.
+    one: bool,
 }
 
 impl CoreModule {
@@ -72,9 +86,12 @@ impl CoreModule {
             && func("cabi_realloc", &[I32, I32, I32, I32], &[I32])
             && func(&export(check_interface), &[I32, I32], &[I32])
             && func(&post_return(check_interface), &[I32], &[]);
+        const I64: ValType = ValType::I64;
+        let one = func(ONE_INPUT, &[], &[I64]) && func(ONE, &[I32], &[I64]);
         shaped.then(|| Self {
             module,
             check_interface: check_interface.to_string(),
+            one,
         })
     }
 }
@@ -93,6 +110,17 @@ pub(crate) struct CoreGuest {
     realloc: TypedFunc<(i32, i32, i32, i32), i32>,
     check: TypedFunc<(i32, i32), i32>,
     post: TypedFunc<i32, ()>,
+    one: Option<One>,
+    metered: bool,
+    /// Fuel the last call consumed (metered stores only).
+    last_fuel: Option<u64>,
+}
+
+/// The single-check export and where its input buffer is.
+struct One {
+    call: TypedFunc<i32, i64>,
+    input: usize,
+    capacity: usize,
 }
 
 /// Why a core call produced no answer. Either way the instance must be
@@ -112,19 +140,109 @@ impl From<wasmtime::Error> for CoreError {
 }
 
 impl CoreGuest {
-    pub(crate) fn new(module: &CoreModule, store: Store<Limiter>) -> wasmtime::Result<Self> {
+    pub(crate) fn new(
+        module: &CoreModule,
+        store: Store<Limiter>,
+        metered: bool,
+    ) -> wasmtime::Result<Self> {
         let mut store = store;
         let instance = wasmtime::Instance::new(&mut store, &module.module, &[])?;
         let memory = instance
             .get_memory(&mut store, "memory")
             .ok_or_else(|| wasmtime::Error::msg("the core module exports no memory"))?;
+        let one = if module.one {
+            let input = instance.get_typed_func::<(), i64>(&mut store, ONE_INPUT)?;
+            let (at, capacity) = split(input.call(&mut store, ())?);
+            // A buffer outside memory is a broken guest: no single path.
+            let size = memory.data_size(&store);
+            let inside = at.checked_add(capacity).is_some_and(|end| end <= size);
+            match inside {
+                true => Some(One {
+                    call: instance.get_typed_func(&mut store, ONE)?,
+                    input: at,
+                    capacity,
+                }),
+                false => None,
+            }
+        } else {
+            None
+        };
         Ok(Self {
             realloc: instance.get_typed_func(&mut store, "cabi_realloc")?,
             check: instance.get_typed_func(&mut store, &export(&module.check_interface))?,
             post: instance.get_typed_func(&mut store, &post_return(&module.check_interface))?,
             memory,
             store,
+            one,
+            metered,
+            last_fuel: None,
         })
+    }
+
+    /// Fuel the last call consumed, if the store is metered.
+    pub(crate) fn last_fuel(&self) -> Option<u64> {
+        self.last_fuel
+    }
+
+    /// Give the next call `fuel` (metered stores; otherwise nothing).
+    fn fuel(&mut self, fuel: u64) -> Result<(), CoreError> {
+        self.last_fuel = None;
+        if self.metered {
+            self.store.set_fuel(fuel)?;
+        }
+        Ok(())
+    }
+
+    /// Record what the call that was given `fuel` consumed.
+    fn spent(&mut self, fuel: u64) {
+        if self.metered {
+            self.last_fuel = self
+                .store
+                .get_fuel()
+                .ok()
+                .map(|left| fuel.saturating_sub(left));
+        }
+    }
+
+    /// One check: a one-item batch, through the single-check export when
+    /// the guest has it and the batch fits its buffer, else [`Self::call`].
+    /// The same bytes come back either way.
+    pub(crate) fn call_one<T>(
+        &mut self,
+        batch: &[u8],
+        fuel: u64,
+        read: impl FnOnce(Result<&[u8], crate::BatchError>) -> T,
+    ) -> Result<T, CoreError> {
+        let Some(one) = self.one.as_ref().filter(|one| batch.len() <= one.capacity) else {
+            return self.call(batch, fuel, read);
+        };
+        let (call, input) = (one.call.clone(), one.input);
+        self.fuel(fuel)?;
+        self.memory
+            .write(&mut self.store, input, batch)
+            .map_err(|e| CoreError::Abi(e.to_string()))?;
+        let ret = call.call(&mut self.store, i32_of(batch.len())?)?;
+        self.spent(fuel);
+        match ret {
+            -1 => Ok(read(Err(crate::BatchError::Malformed))),
+            // The guest's buffers could not hold it: the general path
+            // decides the same batch (and may well refuse it as too large).
+            -2 => self.call(batch, fuel, read),
+            _ => {
+                let (at, len) = split(ret);
+                let data = self.memory.data(&self.store);
+                let end = at
+                    .checked_add(len)
+                    .filter(|&end| end <= data.len() && ret >= 0)
+                    .ok_or_else(|| {
+                        CoreError::Abi(format!(
+                            "the single-check answer [{at}, +{len}) is outside guest memory ({} bytes)",
+                            data.len()
+                        ))
+                    })?;
+                Ok(read(Ok(&data[at..end])))
+            }
+        }
     }
 
     /// Call `check-packed` on `batch` with `fuel`, handing the output bytes
@@ -135,8 +253,8 @@ impl CoreGuest {
         fuel: u64,
         read: impl FnOnce(Result<&[u8], crate::BatchError>) -> T,
     ) -> Result<T, CoreError> {
+        self.fuel(fuel)?;
         let store = &mut self.store;
-        store.set_fuel(fuel)?;
         let len = i32::try_from(batch.len()).map_err(|_| {
             CoreError::Abi("the batch does not fit the guest's address space".into())
         })?;
@@ -184,8 +302,15 @@ impl CoreGuest {
             }
         };
         self.post.call(&mut *store, ret)?;
+        self.spent(fuel);
         Ok(value)
     }
+}
+
+/// An `(address << 32) | length` answer of the single-check exports.
+fn split(word: i64) -> (usize, usize) {
+    let word = u64::from_ne_bytes(word.to_ne_bytes());
+    ((word >> 32) as usize, (word & 0xffff_ffff) as usize)
 }
 
 /// `at` as an offset with `[at, at + len)` inside a memory of `size` bytes.
@@ -221,7 +346,7 @@ mod tests {
         let engine = Engine::default();
         assert!(matches!(
             CoreModule::find(&engine, crate::COMPONENT, CHECK),
-            Ok(Some(_))
+            Ok(Some(CoreModule { one: true, .. }))
         ));
     }
 

@@ -17,7 +17,9 @@ use crate::{
 
 /// One instance of the component, for one thread or connection at a time.
 ///
-/// Every call is bounded by fuel and by the instance's memory limit. If the
+/// Every call is bounded by the instance's memory limit and by its input
+/// (at most [`crate::Limits::call_bytes`]); a metered runtime (any component
+/// but the embedded one) also bounds it by fuel. If the
 /// guest traps, the call returns [`Error::Trapped`], nothing was decided, and
 /// the instance is replaced before the next call.
 ///
@@ -31,6 +33,17 @@ pub struct Instance {
     component: Option<ComponentGuest>,
     /// The packed request of the last check, kept to reuse its allocation.
     buffer: Vec<u8>,
+    /// Fuel the last call consumed, when the runtime is metered.
+    last_fuel: Option<u64>,
+}
+
+/// How a packed call crosses into the core module.
+#[derive(Clone, Copy)]
+enum Crossing {
+    /// One item: the single-check export when the guest has it.
+    One,
+    /// `check-packed`.
+    Batch,
 }
 
 struct ComponentGuest {
@@ -54,6 +67,7 @@ impl Instance {
             runtime,
             component: None,
             buffer: Vec::new(),
+            last_fuel: None,
         };
         if instance.core.is_none() {
             instance.component = Some(instance.component_guest()?);
@@ -75,7 +89,7 @@ impl Instance {
             let mut buffer = std::mem::take(&mut self.buffer);
             buffer.clear();
             let result = match crate::packed::encode_into(&mut buffer, &[(state, request)]) {
-                Some(()) => self.core_call(CALL, &buffer, fuel, |out| {
+                Some(()) => self.core_call(CALL, Crossing::One, &buffer, fuel, |out| {
                     let out = out.map_err(|crate::BatchError::Malformed| Error::Protocol {
                         call: CALL,
                         message: "the guest refused the host's encoding as malformed".into(),
@@ -127,7 +141,7 @@ impl Instance {
             buffer.clear();
             let result = match crate::packed::encode_signed_into(&mut buffer, state, request, keys)
             {
-                Some(()) => self.core_call(CALL, &buffer, fuel, |out| {
+                Some(()) => self.core_call(CALL, Crossing::One, &buffer, fuel, |out| {
                     let out = out.map_err(|crate::BatchError::Malformed| Error::Protocol {
                         call: CALL,
                         message: "the guest refused the host's encoding as malformed".into(),
@@ -218,7 +232,7 @@ impl Instance {
             })
         };
         if self.core.is_some() {
-            return self.core_call(CALL, &packed, fuel, decode);
+            return self.core_call(CALL, Crossing::Batch, &packed, fuel, decode);
         }
         let result = self.call(CALL, fuel, |b, store| {
             b.fencecheck_fence_check().call_check_packed(store, &packed)
@@ -242,7 +256,9 @@ impl Instance {
         // A raw batch may hold up to len / 29 items; fuel for that many.
         let fuel = self.batch_fuel(batch.len() / 29);
         if self.core.is_some() {
-            return self.core_call(CALL, batch, fuel, |out| Ok(out.map(<[u8]>::to_vec)));
+            return self.core_call(CALL, Crossing::Batch, batch, fuel, |out| {
+                Ok(out.map(<[u8]>::to_vec))
+            });
         }
         let result = self.call(CALL, fuel, |b, store| {
             b.fencecheck_fence_check().call_check_packed(store, batch)
@@ -255,6 +271,7 @@ impl Instance {
     fn core_call<T>(
         &mut self,
         call: &'static str,
+        crossing: Crossing,
         batch: &[u8],
         fuel: u64,
         read: impl FnOnce(Result<&[u8], crate::BatchError>) -> Result<T, Error>,
@@ -269,7 +286,12 @@ impl Instance {
         // UTF-8 (the component API does that on the host), a few
         // instructions per byte: fuel for that on top of the per-check budget.
         let fuel = fuel.saturating_add(FUEL_PER_INPUT_BYTE.saturating_mul(batch.len() as u64));
-        match core.call(batch, fuel, read) {
+        let result = match crossing {
+            Crossing::One => core.call_one(batch, fuel, read),
+            Crossing::Batch => core.call(batch, fuel, read),
+        };
+        self.last_fuel = core.last_fuel();
+        match result {
             Ok(value) => value,
             Err(e) => {
                 // The guest's memory may be inconsistent after a trap, and a
@@ -480,6 +502,15 @@ impl Instance {
             .map_err(lease_error_in))
     }
 
+    /// The fuel the last call consumed, if this instance's runtime is
+    /// metered ([`Runtime::metered`]); `None` for the embedded component,
+    /// and after a call that trapped. About one unit per wasm instruction:
+    /// the guest's cost independent of the CPU (`fuzz/fuzz_targets/fuel_bound.rs`
+    /// holds every call below a line in its input size).
+    pub fn last_fuel(&self) -> Option<u64> {
+        self.last_fuel
+    }
+
     fn bound(&self, call: &'static str, bytes: usize) -> Result<(), Error> {
         let limit = self.runtime.shared.limits.call_bytes;
         if bytes > limit {
@@ -509,8 +540,15 @@ impl Instance {
             mut store,
             bindings,
         } = guest;
-        store.set_fuel(fuel).map_err(trapped)?;
+        self.last_fuel = None;
+        let metered = self.runtime.metered();
+        if metered {
+            store.set_fuel(fuel).map_err(trapped)?;
+        }
         let result = f(&bindings, &mut store);
+        if metered {
+            self.last_fuel = store.get_fuel().ok().map(|left| fuel.saturating_sub(left));
+        }
         match result {
             Ok(value) => {
                 self.component = Some(ComponentGuest { store, bindings });

@@ -13,8 +13,10 @@
 //!   The embedded component is loaded from machine code precompiled at build
 //!   time ([`Loaded`]); [`Limits`] bound every call, [`Allocation`] chooses
 //!   on-demand memory (default) or a pool.
-//! - [`Instance`]: one per thread or connection. Bounded per call (fuel) and in
-//!   memory; re-instantiated after a trap, which is reported as [`Error::Trapped`].
+//! - [`Instance`]: one per thread or connection. Bounded per call by its
+//!   input size and in memory, and by fuel for any component but the embedded
+//!   one ([`Runtime::metered`]); re-instantiated after a trap, which is
+//!   reported as [`Error::Trapped`].
 //!   Checks cross into the guest over the component's core module
 //!   ([`Transport::Core`], several times cheaper than the component API on
 //!   wasmtime 48) when its shape allows, else the component API.
@@ -76,6 +78,8 @@ pub mod vectors;
 mod version;
 
 pub use checker::{Checker, Native};
+#[doc(hidden)]
+pub use checker::NativePacked;
 pub use error::Error;
 pub use fencecheck_guest::{
     Acquire, AcquireRequest, AuthFailure, BatchError, CheckError, Corruption, Decision,
@@ -88,7 +92,8 @@ pub use fencecheck_guest::{
 pub use fenced::{Accepted, Fenced, Rejection, accept, accept_signed};
 pub use instance::Instance;
 pub use runtime::{
-    Allocation, COMPONENT, Limits, Loaded, PRECOMPILED, Precompiled, Runtime, Transport,
+    Allocation, COMPONENT, FUEL_BOUND_BASE, FUEL_BOUND_PER_BYTE, Limits, Loaded, PRECOMPILED,
+    Precompiled, Runtime, Transport,
 };
 pub use text::{KeysText, KeysTextError, SignedTokenText, TokenText, TokenTextError};
 pub use version::{

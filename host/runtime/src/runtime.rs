@@ -54,12 +54,31 @@ pub enum Loaded {
     Compiled,
 }
 
+/// The documented bound on the embedded guest's cost: every call consumes
+/// at most `FUEL_BOUND_BASE + FUEL_BOUND_PER_BYTE × input bytes` fuel (about
+/// one unit per wasm instruction), where the input bytes are what the call
+/// carries into the guest (states, scopes, op-ids, lease ids, keys and
+/// signatures; for a packed batch, the batch). This linear bound, with
+/// [`Limits::call_bytes`] on the input, is why the embedded component runs
+/// without fuel; the fuzz target `fuel_bound` asserts it for every export,
+/// so a change that makes a call superlinear fails CI. The base covers the
+/// fixed work of the costliest call (a signed check: HMAC-SHA256 over a
+/// grant message); the slope the costliest per-byte work (SHA-256 over a
+/// signed item's scope and lease id, CRC-32C and UTF-8 checks elsewhere).
+pub const FUEL_BOUND_BASE: u64 = 200_000;
+/// See [`FUEL_BOUND_BASE`].
+pub const FUEL_BOUND_PER_BYTE: u64 = 300;
+
 /// Bounds on every instance of a [`Runtime`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Limits {
-    /// Fuel granted to each `check` (and to each item of a batch). One check
-    /// costs a few thousand units; the bound stops a runaway guest, not a
-    /// normal one.
+    /// Fuel granted to each `check` (and to each item of a batch) when the
+    /// runtime is metered ([`Runtime::metered`]: any component but the
+    /// embedded one). One check costs a few thousand units; the bound stops
+    /// a runaway guest, not a normal one. The embedded component runs
+    /// without fuel: each of its calls does work linear in its input
+    /// (docs/design.md §7, held by the fuzz target `fuel_bound`), and the
+    /// input is bounded by `call_bytes`.
     pub fuel_per_check: u64,
     /// Largest linear memory an instance may grow to, in bytes.
     pub memory_bytes: usize,
@@ -118,13 +137,16 @@ pub(crate) struct Shared {
     pub(crate) core: Option<CoreModule>,
     pub(crate) limits: Limits,
     pub(crate) loaded: Loaded,
+    /// Fuel metering on (every component but the embedded one).
+    pub(crate) metered: bool,
     /// The component's WIT package version (vetted at load).
     pub(crate) version: String,
 }
 
 /// The loaded component: one per process, shared by every thread.
 ///
-/// Holds the engine (with fuel metering), the compiled component, its
+/// Holds the engine (fuel-metered unless the component is the embedded
+/// one), the compiled component, its
 /// pre-instantiation and, when the component has the shape for it, its
 /// compiled core module for the fast [`Transport::Core`]. Cloning is cheap.
 #[derive(Clone)]
@@ -159,21 +181,34 @@ impl Runtime {
     }
 
     /// Load a component file instead of the embedded one (e.g. a build under
-    /// test, or one shipped separately).
+    /// test, or one shipped separately). Always metered: a file is not the
+    /// component this crate was built and tested with, even when its bytes
+    /// happen to be.
     pub fn from_file(path: &Path, limits: Limits) -> Result<Self, Error> {
         let bytes = std::fs::read(path).map_err(|source| Error::Read {
             path: path.to_path_buf(),
             source,
         })?;
-        Self::from_bytes(&bytes, limits)
+        Self::from_bytes_metered(&bytes, limits)
     }
 
     /// Load component bytes with the given limits. The embedded component
     /// ([`COMPONENT`]) is loaded from its precompiled artifacts when they fit
-    /// this machine; any other bytes are compiled.
+    /// this machine, and runs without fuel; any other bytes are compiled and
+    /// metered ([`Limits::fuel_per_check`]).
     pub fn from_bytes(bytes: &[u8], limits: Limits) -> Result<Self, Error> {
-        let precompiled = (bytes == COMPONENT).then_some(&PRECOMPILED);
-        Self::load(bytes, precompiled, limits)
+        if bytes == COMPONENT {
+            return Self::load(bytes, Some(&PRECOMPILED), limits, false);
+        }
+        Self::load(bytes, None, limits, true)
+    }
+
+    /// Load component bytes under fuel metering whatever they are, the
+    /// embedded component included (compiled, not precompiled: the embedded
+    /// artifacts are unmetered machine code). For measuring the guest's
+    /// cost ([`Instance::last_fuel`]) and for tests of the fuel bound.
+    pub fn from_bytes_metered(bytes: &[u8], limits: Limits) -> Result<Self, Error> {
+        Self::load(bytes, None, limits, true)
     }
 
     /// Load `bytes` using `precompiled` if it is theirs and fits this engine,
@@ -184,16 +219,17 @@ impl Runtime {
         precompiled: &Precompiled<'_>,
         limits: Limits,
     ) -> Result<Self, Error> {
-        Self::load(bytes, Some(precompiled), limits)
+        Self::load(bytes, Some(precompiled), limits, bytes != COMPONENT)
     }
 
     fn load(
         bytes: &[u8],
         precompiled: Option<&Precompiled<'_>>,
         limits: Limits,
+        metered: bool,
     ) -> Result<Self, Error> {
         let load = |e: wasmtime::Error| Error::Load(format!("{e:#}"));
-        let mut config = crate::engine::config();
+        let mut config = crate::engine::config(metered);
         if let Allocation::Pooling { instances } = limits.allocation {
             // An instance may hold a core instantiation and a component one
             // (made on first use of an export the core transport lacks).
@@ -243,6 +279,7 @@ impl Runtime {
                 core,
                 limits,
                 loaded,
+                metered,
                 version: vetted.version,
             }),
         })
@@ -281,6 +318,7 @@ impl Runtime {
                 core: None,
                 limits: shared.limits,
                 loaded: shared.loaded,
+                metered: shared.metered,
                 version: shared.version.clone(),
             }),
         }
@@ -300,12 +338,19 @@ impl Runtime {
         Instance::new(self.clone())
     }
 
+    /// Whether calls run under fuel metering: `false` only for the embedded
+    /// component ([`Runtime::new`], or [`Runtime::from_bytes`] of
+    /// [`COMPONENT`]), whose calls are bounded by their input.
+    pub fn metered(&self) -> bool {
+        self.shared.metered
+    }
+
     /// The limits every instance runs under.
     pub fn limits(&self) -> Limits {
         self.shared.limits
     }
 
-    /// A store with this runtime's memory limit and a fuel budget.
+    /// A store with this runtime's memory limit (and a fuel budget if metered).
     fn store(&self) -> Result<Store<Limiter>, Error> {
         let shared = &self.shared;
         let limiter = Limiter(
@@ -317,9 +362,11 @@ impl Runtime {
         );
         let mut store = Store::new(&shared.engine, limiter);
         store.limiter(|l| l);
-        store
-            .set_fuel(shared.limits.fuel_per_check)
-            .map_err(|e| Error::Instantiate(format!("{e:#}")))?;
+        if shared.metered {
+            store
+                .set_fuel(shared.limits.fuel_per_check)
+                .map_err(|e| Error::Instantiate(format!("{e:#}")))?;
+        }
         Ok(store)
     }
 
@@ -341,7 +388,7 @@ impl Runtime {
         let Some(module) = &self.shared.core else {
             return Ok(None);
         };
-        CoreGuest::new(module, self.store()?)
+        CoreGuest::new(module, self.store()?, self.shared.metered)
             .map(Some)
             .map_err(|e| Error::Instantiate(format!("{e:#}")))
     }
