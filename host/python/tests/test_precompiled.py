@@ -19,6 +19,9 @@ from fencecheck import _precompiled as pre
 from fencecheck._guest import _default_component
 
 
+OTHER_ARCH = "aarch64" if pre.host_platform()[0] == "x86_64" else "x86_64"
+
+
 def req(counter, scope="report/july"):
     return fc.Request(scope, fc.Token(0, 0, counter))
 
@@ -133,13 +136,19 @@ def test_a_truncated_artifact_is_never_deserialized(artifacts, no_deserialize):
     [
         ("wasmtime", "49.0.0", "made by wasmtime-py 49.0.0"),
         ("engine", "consume_fuel=False", "engine settings"),
-        ("fencecheck-precompiled", "2", "manifest format"),
+        ("fencecheck-precompiled", "1", "manifest format"),
         ("component-artifact", "0" * 64, "does not match its SHA-256"),
+        ("target", f"{OTHER_ARCH}-unknown-linux-gnu", f"machine code for {OTHER_ARCH}-unknown-linux-gnu, running on"),
+        ("target", f"{pre.host_platform()[0]}-apple-darwin" if sys.platform != "darwin" else "x86_64-pc-windows-msvc", "machine code for"),
+        ("target", "x86_64", "machine code for x86_64, running on"),
+        ("cpu-features", "avx512", "cpu-features 'avx512'"),
     ],
 )
 def test_a_mismatched_key_is_never_deserialized(artifacts, no_deserialize, key, value, match):
-    """Another wasmtime-py, other engine settings, another manifest format or
-    another recorded hash: compiled, with a warning saying which."""
+    """Another wasmtime-py, other engine settings, another manifest format,
+    another recorded hash, machine code for another CPU family or operating
+    system (or a target that is not a triple): compiled, with a warning
+    saying which, the artifacts never handed to wasmtime."""
     set_line(artifacts, key, value)
     decides(compiled_with_warning(match, precompiled=artifacts))
     assert no_deserialize == []
@@ -242,3 +251,39 @@ def test_cli_precompile(tmp_path):
         [sys.executable, "-m", "fencecheck", "precompile", "--out", str(tmp_path / "absent")], capture_output=True, text=True
     )
     assert refused.returncode == 1 and "writing the precompiled artifacts" in refused.stderr
+
+
+def test_the_manifest_names_target_and_cpu_features(made):
+    """build-component's artifacts (no --target): this host's CPU family and
+    operating system, with the CPU features wasmtime found here."""
+    manifest = pre._read_manifest(str(made))
+    assert pre.target_platform(manifest["target"]) == pre.host_platform()
+    assert manifest["cpu-features"] == pre.HOST_FEATURES
+
+
+def test_precompiled_for_this_cpu_family_baseline(tmp_path):
+    """`precompile --target TRIPLE` for this machine's own family (what the
+    platform wheels carry): the triple and baseline features recorded, and a
+    runtime on this machine uses them."""
+    triple = f"{pre.host_platform()[0]}-unknown-linux-gnu"
+    if pre.host_platform()[1] != "linux":
+        pytest.skip("the platform wheels are Linux's")
+    pre.write(_default_component(), str(tmp_path), target=triple)
+    manifest = pre._read_manifest(str(tmp_path))
+    assert (manifest["target"], manifest["cpu-features"]) == (triple, pre.BASELINE_FEATURES)
+    runtime = fc.Runtime(precompiled=tmp_path)
+    assert runtime.loaded_from == "precompiled", runtime.why_compiled
+    decides(runtime)
+
+
+def test_precompile_for_a_target_wasmtime_py_cannot_compile_for(tmp_path):
+    """wasmtime-py 50 compiles for its own CPU family only (an engine for
+    another aborts the process): `precompile --target` says so and exits 1,
+    writing nothing; a string that is not a triple is refused the same way."""
+    for target, says in ((f"{OTHER_ARCH}-unknown-linux-gnu", "cannot compile for"), ("bogus", "not a triple")):
+        done = subprocess.run(
+            [sys.executable, "-m", "fencecheck", "precompile", "--target", target, "--out", str(tmp_path)],
+            capture_output=True, text=True,
+        )
+        assert done.returncode == 1 and says in done.stderr, done.stderr
+        assert os.listdir(tmp_path) == []

@@ -6,6 +6,7 @@ precompiler the package build runs.
     python -m fencecheck trace FILE        # one canonical line per step
     python -m fencecheck trace --batch typed FILE   # batches through typed check-batch
     python -m fencecheck precompile [--out DIR]     # machine code for this host (_precompiled)
+    python -m fencecheck precompile --target TRIPLE --out DIR   # for any CPU of TRIPLE's family
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def _vectors(files: list[str], component: str | None, transport: str) -> int:
     return 0 if failed == 0 and passed > 0 else 1
 
 
-def _precompile(component: str | None, out: str | None) -> int:
+def _precompile(component: str | None, out: str | None, target: str | None) -> int:
     from . import _precompiled
     from ._guest import _default_component
 
@@ -57,7 +58,7 @@ def _precompile(component: str | None, out: str | None) -> int:
         return 1
     directory = out or _precompiled.PACKAGE_DIR
     try:
-        written = _precompiled.write(wasm, directory)
+        written = _precompiled.write(wasm, directory, target)
     except OSError as e:
         print(f"fencecheck: writing the precompiled artifacts to {directory}: {e}", file=sys.stderr)
         return 1
@@ -85,12 +86,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     p = sub.add_parser("precompile", help="write the component precompiled for this host and wasmtime-py")
     p.add_argument("--out", help="the directory to write to (default: the package's, where Runtime() looks)")
+    p.add_argument(
+        "--target", metavar="TRIPLE",
+        help="compile for this target (x86_64-unknown-linux-gnu) with its baseline CPU features, "
+        "for any CPU of that family, instead of for this machine's (the platform wheels; "
+        "wasmtime-py 50 compiles for its own CPU family and OS only)",
+    )
     args = parser.parse_args(argv)
     try:
         if args.command == "vectors":
             return _vectors(args.files, args.component, args.transport)
         if args.command == "precompile":
-            return _precompile(args.component, args.out)
+            return _precompile(args.component, args.out, args.target)
         from . import trace
 
         return trace.main(args.file, Runtime(args.component).instance(), typed_batches=args.batch == "typed")

@@ -10,7 +10,17 @@ run on, which writes next to ``fencecheck.wasm``:
 - ``fencecheck-core.cwasm``: ``Module.serialize()`` of its core module (the
   ``check-packed`` transport, ``_core``), if the component has that shape;
 - ``precompiled.txt``: the key (this format, wasmtime-py's version, the engine
-  settings, the SHA-256 of the component compiled) and each artifact's SHA-256.
+  settings, the target the machine code is for and which CPU features it
+  assumes, the SHA-256 of the component compiled) and each artifact's SHA-256.
+
+``precompile --target TRIPLE`` (``scripts/dist``, for the platform wheels)
+compiles for that target instead, with the target's baseline CPU features
+(``Config.target``: wasmtime infers no features from the building machine),
+so the machine code runs on any CPU of that family: what a wheel tagged
+``manylinux..._x86_64`` needs (``scripts/python-wheels``). wasmtime-py 50 is
+built with Cranelift for its own CPU family only, and refuses another
+operating system: only this machine's family and OS can be a target, so an
+aarch64 wheel has to be built on an aarch64 machine.
 
 Why at build time rather than a cache filled on first use: nothing is written
 at run time (no cache directory to find, trust, share between users or keep
@@ -23,8 +33,10 @@ Deserializing runs the artifact's bytes as machine code, so they reach
 wasmtime only if every check passes: neither the directory nor any of the
 files is writable by other users; the manifest has this format; its
 wasmtime-py version and engine settings are the running ones; its component
-hash is the SHA-256 of the component being loaded; each artifact's bytes hash
-to the manifest's SHA-256 (the bytes hashed are the bytes deserialized).
+hash is the SHA-256 of the component being loaded; its target's CPU family
+and operating system are the running ones (machine code for another CPU is
+never handed to wasmtime); each artifact's bytes hash to the manifest's
+SHA-256 (the bytes hashed are the bytes deserialized).
 wasmtime then checks again (its own version, the engine configuration, the
 target and CPU features) and raises if they differ. Any failure: compile the
 ``.wasm``, as before. When artifacts made for this very component are
@@ -38,6 +50,7 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+import sys
 import warnings
 from dataclasses import dataclass
 from os import PathLike
@@ -54,7 +67,7 @@ PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 MANIFEST = "precompiled.txt"
 COMPONENT_ARTIFACT = "fencecheck.cwasm"
 CORE_ARTIFACT = "fencecheck-core.cwasm"
-FORMAT = "1"
+FORMAT = "2"  # 2: the target and cpu-features lines
 
 ENV = "FENCECHECK_PRECOMPILED"
 """``FENCECHECK_PRECOMPILED=0`` makes ``Runtime()`` compile even when packaged
@@ -68,15 +81,67 @@ the engine, so no memory setting belongs here.)"""
 
 ENGINE_KEY = ",".join(f"{name}={value!r}" for name, value in ENGINE_SETTINGS)
 
-_MANIFEST_KEYS = ("fencecheck-precompiled", "wasmtime", "engine", "component", "component-artifact", "core-artifact")
+_MANIFEST_KEYS = (
+    "fencecheck-precompiled", "wasmtime", "engine", "target", "cpu-features",
+    "component", "component-artifact", "core-artifact",
+)
 _NO_CORE = "none"
 
+HOST_FEATURES = "host"
+"""``cpu-features host``: compiled for the machine that ran ``precompile``,
+with the CPU features wasmtime found there (``build-component``'s artifacts);
+on a CPU of the same family without them wasmtime refuses the artifacts."""
+BASELINE_FEATURES = "baseline"
+"""``cpu-features baseline``: compiled for ``--target TRIPLE`` with that
+target's default features only, for any CPU of the family (the wheels')."""
 
-def engine_config() -> wasmtime.Config:
-    """The runtime's engine configuration (``ENGINE_SETTINGS``)."""
+_ARCH_ALIASES = {"amd64": "x86_64", "x64": "x86_64", "arm64": "aarch64"}
+_OS_NAMES = {"linux": "linux", "darwin": "darwin", "win32": "windows"}
+_VENDORS = {"linux": "unknown", "darwin": "apple", "windows": "pc"}
+
+
+def _arch(name: str) -> str:
+    name = name.lower()
+    return _ARCH_ALIASES.get(name, name)
+
+
+def host_platform() -> tuple[str, str]:
+    """This process's CPU family and operating system as a target triple
+    names them (``("x86_64", "linux")``, ``("aarch64", "darwin")``)."""
+    try:
+        machine = os.uname().machine
+    except AttributeError:  # Windows
+        import platform
+
+        machine = platform.machine()
+    return _arch(machine), _OS_NAMES.get(sys.platform, sys.platform)
+
+
+def host_target() -> str:
+    """A triple for this host (``x86_64-unknown-linux``), recorded by
+    ``precompile`` without ``--target``. Only its CPU family and operating
+    system are ever compared."""
+    arch, system = host_platform()
+    return f"{arch}-{_VENDORS.get(system, 'unknown')}-{system}"
+
+
+def target_platform(triple: str) -> Optional[tuple[str, str]]:
+    """A triple's CPU family and operating system (``x86_64-unknown-linux-gnu``:
+    ``("x86_64", "linux")``); ``None`` if it is not ``arch-vendor-os[-env]``."""
+    parts = triple.split("-")
+    if len(parts) < 3 or not all(parts):
+        return None
+    return _arch(parts[0]), parts[2].lower()
+
+
+def engine_config(target: Optional[str] = None) -> wasmtime.Config:
+    """The runtime's engine configuration (``ENGINE_SETTINGS``); with
+    ``target``, one that compiles for that triple (and cannot run the code)."""
     config = wasmtime.Config()
     for name, value in ENGINE_SETTINGS:
         setattr(config, name, value)
+    if target is not None:
+        config.target = target
     return config
 
 
@@ -134,6 +199,11 @@ def load(engine: wasmtime.Engine, component: bytes, where: Union[bool, str, Path
             raise _Refused(f"made by wasmtime-py {manifest['wasmtime']}, running {running}")
         if manifest["engine"] != ENGINE_KEY:
             raise _Refused(f"made for engine settings {manifest['engine']!r}, running {ENGINE_KEY!r}")
+        made_for, running_on = target_platform(manifest["target"]), host_platform()
+        if made_for != running_on:
+            raise _Refused(f"machine code for {manifest['target']}, running on {'-'.join(running_on)}")
+        if manifest["cpu-features"] not in (HOST_FEATURES, BASELINE_FEATURES):
+            raise _Refused(f"cpu-features {manifest['cpu-features']!r} is neither {HOST_FEATURES} nor {BASELINE_FEATURES}")
         return _deserialize(engine, directory, manifest)
     except _Refused as e:
         reason = f"precompiled artifacts in {directory} not used: {e}"
@@ -201,9 +271,15 @@ def _read(directory: str, name: str) -> bytes:
         return f.read()
 
 
-def write(component: bytes, directory: str) -> list[tuple[str, int]]:
+def write(component: bytes, directory: str, target: Optional[str] = None) -> list[tuple[str, int]]:
     """Precompile ``component`` for this host's wasmtime-py into ``directory``
     (``python -m fencecheck precompile``); returns the files and their sizes.
+    ``target``: a triple (``x86_64-unknown-linux-gnu``) to compile for
+    instead of this machine, with that target's baseline CPU features
+    (``precompile --target``; the artifacts are for that wasmtime-py version
+    on any CPU of the triple's family; wasmtime-py 50 can compile only for
+    its own family and OS, and anything else raises ``ComponentLoadError``).
+    ``None``: this machine, with the CPU features wasmtime finds on it.
 
     The manifest is removed first and written last, each file to a temporary
     name and then renamed: an interrupted run leaves no manifest (so nothing is
@@ -213,7 +289,14 @@ def write(component: bytes, directory: str) -> list[tuple[str, int]]:
         raise ComponentLoadError("cannot tell the installed wasmtime-py's version (no single wasmtime-*.dist-info)")
     if os.stat(directory).st_mode & stat.S_IWOTH:
         raise ComponentLoadError(f"{directory} is writable by other users; the runtime would refuse artifacts there")
-    engine = wasmtime.Engine(engine_config())
+    if target is not None:
+        if target_platform(target) is None:
+            raise ComponentLoadError(f"target {target!r} is not a triple arch-vendor-os[-env]")
+        _can_compile_for(target)
+    try:
+        engine = wasmtime.Engine(engine_config(target))
+    except wasmtime.WasmtimeError as e:
+        raise ComponentLoadError(f"wasmtime-py cannot compile for target {target!r}: {e}") from None
     try:
         compiled = wc.Component(engine, component).serialize()
     except wasmtime.WasmtimeError as e:
@@ -239,6 +322,8 @@ def write(component: bytes, directory: str) -> list[tuple[str, int]]:
             ("fencecheck-precompiled", FORMAT),
             ("wasmtime", version),
             ("engine", ENGINE_KEY),
+            ("target", host_target() if target is None else target),
+            ("cpu-features", HOST_FEATURES if target is None else BASELINE_FEATURES),
             ("component", sha256(component)),
             ("component-artifact", sha256(compiled)),
             ("core-artifact", sha256(core_bytes) if core_bytes is not None else _NO_CORE),
@@ -246,6 +331,22 @@ def write(component: bytes, directory: str) -> list[tuple[str, int]]:
     )
     written.append((MANIFEST, _write_atomic(directory, MANIFEST, manifest.encode("ascii"))))
     return written
+
+
+def _can_compile_for(target: str) -> None:
+    """Raise ``ComponentLoadError`` unless this wasmtime-py can make an engine
+    for ``target``. Asked in a child process: wasmtime-py 50's build has
+    Cranelift for its own CPU family only, and for any other it accepts the
+    triple but then aborts the whole process in ``Engine()`` ("Support for
+    this target is disabled")."""
+    import subprocess
+
+    probe = "import sys, wasmtime; c = wasmtime.Config(); c.target = sys.argv[1]; wasmtime.Engine(c)"
+    done = subprocess.run([sys.executable, "-c", probe, target], capture_output=True, text=True)
+    if done.returncode != 0:
+        lines = [line for line in done.stderr.splitlines() if "Err" in line or "Error" in line]
+        why = lines[-1].strip() if lines else f"exit status {done.returncode}"
+        raise ComponentLoadError(f"wasmtime-py {wasmtime_version()} cannot compile for {target}: {why}")
 
 
 def _write_atomic(directory: str, name: str, data: bytes) -> int:
