@@ -101,6 +101,7 @@ fn trap_is_an_error_and_the_instance_recovers() -> Result<()> {
 fn fuel_bounds_each_call() -> Result<()> {
     let limits = Limits {
         fuel_per_check: 50,
+        fuel_per_input_byte: 0,
         ..Limits::default()
     };
     let dir = tempfile::tempdir()?;
@@ -333,4 +334,159 @@ fn digest(bytes: &[u8], component: &[u8], core: &[u8]) -> [u8; 32] {
         digest.update(part);
     }
     digest.finalize().into()
+}
+
+/// The documented fuel bound (`FUEL_BOUND_BASE + FUEL_BOUND_PER_BYTE ×
+/// input bytes`) holds on the costliest inputs each export takes: the
+/// longest scope and op-id on a full window, a signed check with the most
+/// keys and the longest lease id, a 1 MiB invalid scope (validated byte by
+/// byte), a packed batch of many such items, lease calls on the longest
+/// lock. The fuzz target `fuel_bound` explores the rest; this pins the
+/// known worst cases, and prints each call's fuel per byte for the
+/// constants' documentation.
+#[test]
+fn worst_case_calls_stay_under_the_fuel_bound() -> Result<()> {
+    use fencecheck::{
+        AcquireRequest, FUEL_BOUND_BASE, FUEL_BOUND_PER_BYTE, GrantKey, MAX_KEYS,
+        MAX_LEASE_ID_BYTES, MAX_LOCK_BYTES, MAX_OP_ID_BYTES, MAX_SCOPE_BYTES,
+        MAX_SIGNED_LEASE_ID_BYTES, WINDOW_CAPACITY,
+    };
+    // Fuel enough never to trap: the bound, not the budget, is under test.
+    let limits = Limits {
+        fuel_per_check: 1 << 40,
+        ..Limits::default()
+    };
+    let rt = Runtime::from_bytes_metered(COMPONENT, limits)?;
+    let mut core = rt.instance()?;
+    let mut component = rt.with_component_transport().instance()?;
+    let within = |guest: &fencecheck::Instance, what: &str, bytes: usize| -> Result<()> {
+        let fuel = guest.last_fuel().context("a metered call reports its fuel")?;
+        let bound = FUEL_BOUND_BASE + FUEL_BOUND_PER_BYTE * bytes as u64;
+        println!(
+            "{what}: {fuel} fuel, {bytes} bytes ({} per byte above the base)",
+            fuel.saturating_sub(FUEL_BOUND_BASE) / bytes.max(1) as u64
+        );
+        ensure!(fuel <= bound, "{what}: {fuel} fuel > bound {bound} for {bytes} bytes");
+        Ok(())
+    };
+    // A full window of the longest op-ids on the longest scope.
+    let scope = "s".repeat(MAX_SCOPE_BYTES);
+    let mut state = None;
+    for i in 0..=WINDOW_CAPACITY as u64 {
+        let mut request = Request::new(&scope, Token::new(0, 1, i + 1), Policy::Strict);
+        request.op_id = Some(format!("{i:0>width$}", width = MAX_OP_ID_BYTES));
+        let Ok(Decision::Applied { state: next, .. }) = Native.check(state.as_deref(), &request)?
+        else {
+            bail!("filling the window");
+        };
+        state = Some(next);
+    }
+    let state = state.context("a state")?;
+    let mut request = Request::new(&scope, Token::new(0, 1, 100), Policy::Strict);
+    request.op_id = Some("o".repeat(MAX_OP_ID_BYTES));
+    let bytes = state.len() + scope.len() + MAX_OP_ID_BYTES;
+    for (name, guest) in [("core", &mut core), ("component", &mut component)] {
+        guest.check(Some(&state), &request)?;
+        within(guest, &format!("check, full window ({name})"), bytes)?;
+    }
+    component.inspect(&state)?;
+    within(&component, "inspect, full window", state.len())?;
+
+    // Signed: the most keys, the longest lease id, the longest scope.
+    let keys: Vec<GrantKey> = (0..MAX_KEYS as u32)
+        .map(|id| GrantKey {
+            key_id: id,
+            secret: vec![id as u8; 64],
+        })
+        .collect();
+    let lease_id = "l".repeat(MAX_SIGNED_LEASE_ID_BYTES);
+    let last = keys.last().context("keys")?;
+    let signature = fencecheck_guest::sign(&scope, request.token, &lease_id, last)
+        .map_err(|e| anyhow::anyhow!("signing: {e}"))?;
+    let signed = request.clone().with_signature(signature);
+    let bytes = bytes + lease_id.len() + keys.iter().map(|k| 5 + k.secret.len()).sum::<usize>() + 32;
+    for (name, guest) in [("core", &mut core), ("component", &mut component)] {
+        let outcome = guest.check_signed(Some(&state), &signed, &keys)?;
+        ensure!(outcome.is_ok(), "{outcome:?}");
+        within(guest, &format!("check-signed, full window ({name})"), bytes)?;
+    }
+
+    // An invalid 1 MiB scope: refused, after validating it.
+    let huge = Request::new("é".repeat(1 << 19), Token::new(0, 1, 1), Policy::Strict);
+    for (name, guest) in [("core", &mut core), ("component", &mut component)] {
+        guest.check(None, &huge)?;
+        within(guest, &format!("check, 1 MiB scope ({name})"), huge.scope.len())?;
+    }
+
+    // A batch of 64 full-window items.
+    let items: Vec<(Option<&[u8]>, &Request)> =
+        (0..64).map(|_| (Some(state.as_slice()), &request)).collect();
+    let batch_bytes = 64 * (state.len() + scope.len() + MAX_OP_ID_BYTES + 45);
+    for (name, guest) in [("core", &mut core), ("component", &mut component)] {
+        guest.check_batch(&items)?;
+        within(guest, &format!("check-packed, 64 items ({name})"), batch_bytes)?;
+    }
+
+    // A batch of the smallest signed items: an HMAC each over a few bytes,
+    // the highest cost per input byte there is.
+    let key = GrantKey {
+        key_id: 1,
+        secret: vec![7; fencecheck::MIN_SECRET_BYTES],
+    };
+    let small = Request::new("s", Token::new(0, 1, 1), Policy::Strict);
+    let small_signature = fencecheck_guest::sign("s", small.token, "l", &key)
+        .map_err(|e| anyhow::anyhow!("signing: {e}"))?;
+    let small = small.with_signature(small_signature);
+    component.check_signed(None, &small, std::slice::from_ref(&key))?;
+    let small_bytes = 1 + 1 + 5 + key.secret.len() + 32;
+    within(&component, "check-signed, smallest", small_bytes)?;
+    core.check_signed(None, &small, std::slice::from_ref(&key))?;
+    within(&core, "check-signed, smallest (core)", small_bytes)?;
+
+    // ... and a packed batch of 128 of them (94 bytes each).
+    let mut batch = 128u32.to_le_bytes().to_vec();
+    for _ in 0..128 {
+        batch.push(0x30); // keys and signature
+        for word in [0u64, 1, 1] {
+            batch.extend_from_slice(&word.to_le_bytes());
+        }
+        batch.extend_from_slice(&1u32.to_le_bytes());
+        batch.push(b's');
+        batch.push(1);
+        batch.extend_from_slice(&key.key_id.to_le_bytes());
+        batch.push(key.secret.len() as u8);
+        batch.extend_from_slice(&key.secret);
+        let signature = small.signature.as_ref().context("signed")?;
+        batch.extend_from_slice(&signature.key_id.to_le_bytes());
+        batch.extend_from_slice(&1u32.to_le_bytes());
+        batch.push(b'l');
+        batch.push(signature.tag.len() as u8);
+        batch.extend_from_slice(&signature.tag);
+    }
+    for (name, guest) in [("core", &mut core), ("component", &mut component)] {
+        let answer = guest.check_packed_raw(&batch)?;
+        ensure!(answer.is_ok(), "{answer:?}");
+        within(guest, &format!("check-packed, 128 smallest signed ({name})"), batch.len())?;
+    }
+
+    // Lease calls on the longest lock and lease id.
+    let acquire = AcquireRequest {
+        lock: "k".repeat(MAX_LOCK_BYTES),
+        lease_id: "l".repeat(MAX_LEASE_ID_BYTES),
+        authority: 0,
+        epoch_floor: 1,
+        now: 1_000,
+        ttl: 500,
+    };
+    let bytes = MAX_LOCK_BYTES + MAX_LEASE_ID_BYTES;
+    let Ok(fencecheck::Acquire::Acquired { state: lease, .. }) = component.acquire(None, &acquire)?
+    else {
+        bail!("acquire");
+    };
+    within(&component, "acquire", bytes)?;
+    component.inspect_lease(&lease)?;
+    within(&component, "inspect-lease", lease.len())?;
+    component.restore(Some(&lease))?;
+    within(&component, "restore", lease.len())?;
+    Ok(())
 }

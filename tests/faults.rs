@@ -516,6 +516,7 @@ fn the_fault_harness_can_fail() -> Result<()> {
         &misbehaving_component()?,
         Limits {
             fuel_per_check: 1,
+            fuel_per_input_byte: 0,
             ..Limits::default()
         },
     )?

@@ -22,11 +22,11 @@ const BATCH: usize = 256;
 fn instance(component: &[u8], fuel: u64) -> anyhow::Result<Instance> {
     let limits = Limits {
         fuel_per_check: fuel,
+        fuel_per_input_byte: 0,
         ..Limits::default()
     };
-    // The component API: the core transport adds a per-input-byte fuel
-    // allowance (the guest validates UTF-8 itself there), which would skew
-    // the least passing budget.
+    // No per-byte allowance, and the component API (the core transport's
+    // guest also validates UTF-8): either would skew the least passing budget.
     Ok(Runtime::from_bytes_metered(component, limits)?
         .with_component_transport()
         .instance()?)

@@ -213,15 +213,24 @@ impl CoreGuest {
         fuel: u64,
         read: impl FnOnce(Result<&[u8], crate::BatchError>) -> T,
     ) -> Result<T, CoreError> {
-        let Some(one) = self.one.as_ref().filter(|one| batch.len() <= one.capacity) else {
+        if !self.one.as_ref().is_some_and(|one| batch.len() <= one.capacity) {
             return self.call(batch, fuel, read);
-        };
-        let (call, input) = (one.call.clone(), one.input);
+        }
         self.fuel(fuel)?;
-        self.memory
-            .write(&mut self.store, input, batch)
-            .map_err(|e| CoreError::Abi(e.to_string()))?;
-        let ret = call.call(&mut self.store, i32_of(batch.len())?)?;
+        // Borrowed field by field: cloning the TypedFunc would clone its
+        // registered type, a visible share of a call this short.
+        let Self {
+            store, memory, one, ..
+        } = self;
+        let Some(one) = one.as_ref() else {
+            return Err(CoreError::Abi("no single-check export".into()));
+        };
+        let input = memory
+            .data_mut(&mut *store)
+            .get_mut(one.input..one.input.saturating_add(batch.len()))
+            .ok_or_else(|| CoreError::Abi("the input buffer is outside guest memory".into()))?;
+        input.copy_from_slice(batch);
+        let ret = one.call.call(&mut *store, i32_of(batch.len())?)?;
         self.spent(fuel);
         match ret {
             -1 => Ok(read(Err(crate::BatchError::Malformed))),

@@ -35,6 +35,8 @@ pub struct Instance {
     buffer: Vec<u8>,
     /// Fuel the last call consumed, when the runtime is metered.
     last_fuel: Option<u64>,
+    /// The input size of the call under way (set by `bound`).
+    input_bytes: usize,
 }
 
 /// How a packed call crosses into the core module.
@@ -68,6 +70,7 @@ impl Instance {
             component: None,
             buffer: Vec::new(),
             last_fuel: None,
+            input_bytes: 0,
         };
         if instance.core.is_none() {
             instance.component = Some(instance.component_guest()?);
@@ -276,16 +279,15 @@ impl Instance {
         fuel: u64,
         read: impl FnOnce(Result<&[u8], crate::BatchError>) -> Result<T, Error>,
     ) -> Result<T, Error> {
+        // Per byte of the batch: over the core transport the guest also
+        // validates the strings' UTF-8 (the component API does that on the host).
+        let fuel = fuel.saturating_add(self.per_byte(batch.len()));
         let Some(core) = self.core.as_mut() else {
             return Err(Error::Protocol {
                 call,
                 message: "no core transport".into(),
             });
         };
-        // Over the core transport the guest itself validates the strings'
-        // UTF-8 (the component API does that on the host), a few
-        // instructions per byte: fuel for that on top of the per-check budget.
-        let fuel = fuel.saturating_add(FUEL_PER_INPUT_BYTE.saturating_mul(batch.len() as u64));
         let result = match crossing {
             Crossing::One => core.call_one(batch, fuel, read),
             Crossing::Batch => core.call(batch, fuel, read),
@@ -511,11 +513,21 @@ impl Instance {
         self.last_fuel
     }
 
-    fn bound(&self, call: &'static str, bytes: usize) -> Result<(), Error> {
+    /// Fuel for a call's input bytes on top of the per-check budget
+    /// ([`crate::Limits::fuel_per_input_byte`]).
+    fn per_byte(&self, bytes: usize) -> u64 {
+        let rate = self.runtime.shared.limits.fuel_per_input_byte;
+        rate.saturating_mul(bytes as u64)
+    }
+
+    /// Refuse a call above [`crate::Limits::call_bytes`]; else remember
+    /// its size for the call's per-byte fuel.
+    fn bound(&mut self, call: &'static str, bytes: usize) -> Result<(), Error> {
         let limit = self.runtime.shared.limits.call_bytes;
         if bytes > limit {
             return Err(Error::TooLarge { call, bytes, limit });
         }
+        self.input_bytes = bytes;
         Ok(())
     }
 
@@ -542,6 +554,7 @@ impl Instance {
         } = guest;
         self.last_fuel = None;
         let metered = self.runtime.metered();
+        let fuel = fuel.saturating_add(self.per_byte(self.input_bytes));
         if metered {
             store.set_fuel(fuel).map_err(trapped)?;
         }
@@ -559,9 +572,7 @@ impl Instance {
     }
 }
 
-/// Fuel per byte of packed input on the core transport: the guest's UTF-8
-/// validation of a multi-megabyte scope costs ~2 instructions per byte.
-const FUEL_PER_INPUT_BYTE: u64 = 8;
+
 
 fn too_large(call: &'static str, limit: usize) -> Error {
     Error::TooLarge {

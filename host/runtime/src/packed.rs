@@ -207,13 +207,19 @@ fn tagged(tag: u8, r: &mut Cursor<'_>) -> Result<Outcome, String> {
     {
         Ok(match tag {
             0 => {
-                let version = r.u64()?;
-                let highest = r.token()?;
-                let len = r.u32()? as usize;
+                // The common answer: version, token and length in one read.
+                let head: [u8; 36] = r.array()?;
+                let word = |i: usize| {
+                    let mut w = [0u8; 8];
+                    w.copy_from_slice(&head[i..i + 8]);
+                    u64::from_le_bytes(w)
+                };
+                let mut len = [0u8; 4];
+                len.copy_from_slice(&head[32..]);
                 Ok(Decision::Applied {
-                    version,
-                    highest,
-                    state: r.take(len)?.to_vec(),
+                    version: word(0),
+                    highest: Token::new(word(8), word(16), word(24)),
+                    state: r.take(u32::from_le_bytes(len) as usize)?.to_vec(),
                 })
             }
             1 => Ok(Decision::Duplicate { version: r.u64()? }),

@@ -61,13 +61,16 @@ pub enum Loaded {
 /// signatures; for a packed batch, the batch). This linear bound, with
 /// [`Limits::call_bytes`] on the input, is why the embedded component runs
 /// without fuel; the fuzz target `fuel_bound` asserts it for every export,
-/// so a change that makes a call superlinear fails CI. The base covers the
-/// fixed work of the costliest call (a signed check: HMAC-SHA256 over a
-/// grant message); the slope the costliest per-byte work (SHA-256 over a
-/// signed item's scope and lease id, CRC-32C and UTF-8 checks elsewhere).
+/// so a change that makes a call superlinear fails CI. Measured
+/// (`cargo test -p fencecheck-tests --test component worst_case -- --nocapture`):
+/// the costliest bytes are a packed batch of the smallest signed items, one
+/// HMAC-SHA256 (~31,000 fuel) per 94-byte item, ~330 per byte; a 1 MiB
+/// non-ASCII scope costs ~20 per byte to validate, a full-window check
+/// ~14. The largest single call of small input is a signed check
+/// (~170,000 with the longest scope, lease id and a full window).
 pub const FUEL_BOUND_BASE: u64 = 200_000;
-/// See [`FUEL_BOUND_BASE`].
-pub const FUEL_BOUND_PER_BYTE: u64 = 300;
+/// See [`FUEL_BOUND_BASE`]: ~330 measured at most, with a margin.
+pub const FUEL_BOUND_PER_BYTE: u64 = 400;
 
 /// Bounds on every instance of a [`Runtime`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -80,6 +83,11 @@ pub struct Limits {
     /// (docs/design.md §7, held by the fuzz target `fuel_bound`), and the
     /// input is bounded by `call_bytes`.
     pub fuel_per_check: u64,
+    /// Fuel granted per byte of a call's input on top of `fuel_per_check`
+    /// (metered runtimes only), so that a long input that stays within the
+    /// documented cost bound never runs out: [`FUEL_BOUND_PER_BYTE`] by
+    /// default.
+    pub fuel_per_input_byte: u64,
     /// Largest linear memory an instance may grow to, in bytes.
     pub memory_bytes: usize,
     /// Largest total input (states, scopes, op-ids) one call may carry; larger
@@ -93,6 +101,7 @@ impl Default for Limits {
     fn default() -> Self {
         Self {
             fuel_per_check: 10_000_000,
+            fuel_per_input_byte: FUEL_BOUND_PER_BYTE,
             memory_bytes: 64 << 20,
             call_bytes: 16 << 20,
             allocation: Allocation::OnDemand,
