@@ -138,7 +138,10 @@ fn the_embedded_component_runs_unmetered() -> Result<()> {
     let request = Request::new("s", Token::new(0, 0, 1), Policy::Strict);
     let mut guest = rt.instance()?;
     let outcome = guest.check(None, &request)?;
-    ensure!(matches!(outcome, Ok(Decision::Applied { .. })), "{outcome:?}");
+    ensure!(
+        matches!(outcome, Ok(Decision::Applied { .. })),
+        "{outcome:?}"
+    );
     ensure!(guest.last_fuel().is_none());
     let mut metered = Runtime::from_bytes_metered(COMPONENT, Limits::default())?.instance()?;
     ensure!(metered.check(None, &request)? == outcome);
@@ -360,13 +363,18 @@ fn worst_case_calls_stay_under_the_fuel_bound() -> Result<()> {
     let mut core = rt.instance()?;
     let mut component = rt.with_component_transport().instance()?;
     let within = |guest: &fencecheck::Instance, what: &str, bytes: usize| -> Result<()> {
-        let fuel = guest.last_fuel().context("a metered call reports its fuel")?;
+        let fuel = guest
+            .last_fuel()
+            .context("a metered call reports its fuel")?;
         let bound = FUEL_BOUND_BASE + FUEL_BOUND_PER_BYTE * bytes as u64;
         println!(
             "{what}: {fuel} fuel, {bytes} bytes ({} per byte above the base)",
             fuel.saturating_sub(FUEL_BOUND_BASE) / bytes.max(1) as u64
         );
-        ensure!(fuel <= bound, "{what}: {fuel} fuel > bound {bound} for {bytes} bytes");
+        ensure!(
+            fuel <= bound,
+            "{what}: {fuel} fuel > bound {bound} for {bytes} bytes"
+        );
         Ok(())
     };
     // A full window of the longest op-ids on the longest scope.
@@ -386,10 +394,14 @@ fn worst_case_calls_stay_under_the_fuel_bound() -> Result<()> {
     request.op_id = Some("o".repeat(MAX_OP_ID_BYTES));
     let bytes = state.len() + scope.len() + MAX_OP_ID_BYTES;
     for (name, guest) in [("core", &mut core), ("component", &mut component)] {
-        guest.check(Some(&state), &request)?;
+        let outcome = guest.check(Some(&state), &request)?;
+        ensure!(
+            matches!(outcome, Ok(Decision::Applied { .. })),
+            "{outcome:?}"
+        );
         within(guest, &format!("check, full window ({name})"), bytes)?;
     }
-    component.inspect(&state)?;
+    ensure!(component.inspect(&state)?.is_ok());
     within(&component, "inspect, full window", state.len())?;
 
     // Signed: the most keys, the longest lease id, the longest scope.
@@ -404,7 +416,8 @@ fn worst_case_calls_stay_under_the_fuel_bound() -> Result<()> {
     let signature = fencecheck_guest::sign(&scope, request.token, &lease_id, last)
         .map_err(|e| anyhow::anyhow!("signing: {e}"))?;
     let signed = request.clone().with_signature(signature);
-    let bytes = bytes + lease_id.len() + keys.iter().map(|k| 5 + k.secret.len()).sum::<usize>() + 32;
+    let bytes =
+        bytes + lease_id.len() + keys.iter().map(|k| 5 + k.secret.len()).sum::<usize>() + 32;
     for (name, guest) in [("core", &mut core), ("component", &mut component)] {
         let outcome = guest.check_signed(Some(&state), &signed, &keys)?;
         ensure!(outcome.is_ok(), "{outcome:?}");
@@ -414,17 +427,35 @@ fn worst_case_calls_stay_under_the_fuel_bound() -> Result<()> {
     // An invalid 1 MiB scope: refused, after validating it.
     let huge = Request::new("é".repeat(1 << 19), Token::new(0, 1, 1), Policy::Strict);
     for (name, guest) in [("core", &mut core), ("component", &mut component)] {
-        guest.check(None, &huge)?;
-        within(guest, &format!("check, 1 MiB scope ({name})"), huge.scope.len())?;
+        let outcome = guest.check(None, &huge)?;
+        ensure!(
+            outcome == Err(CheckError::InvalidRequest(InvalidReason::ScopeTooLong)),
+            "{outcome:?}"
+        );
+        within(
+            guest,
+            &format!("check, 1 MiB scope ({name})"),
+            huge.scope.len(),
+        )?;
     }
 
     // A batch of 64 full-window items.
-    let items: Vec<(Option<&[u8]>, &Request)> =
-        (0..64).map(|_| (Some(state.as_slice()), &request)).collect();
+    let items: Vec<(Option<&[u8]>, &Request)> = (0..64)
+        .map(|_| (Some(state.as_slice()), &request))
+        .collect();
     let batch_bytes = 64 * (state.len() + scope.len() + MAX_OP_ID_BYTES + 45);
     for (name, guest) in [("core", &mut core), ("component", &mut component)] {
-        guest.check_batch(&items)?;
-        within(guest, &format!("check-packed, 64 items ({name})"), batch_bytes)?;
+        let outcomes = guest.check_batch(&items)?;
+        ensure!(
+            outcomes
+                .iter()
+                .all(|o| matches!(o, Ok(Decision::Applied { .. })))
+        );
+        within(
+            guest,
+            &format!("check-packed, 64 items ({name})"),
+            batch_bytes,
+        )?;
     }
 
     // A batch of the smallest signed items: an HMAC each over a few bytes,
@@ -437,10 +468,18 @@ fn worst_case_calls_stay_under_the_fuel_bound() -> Result<()> {
     let small_signature = fencecheck_guest::sign("s", small.token, "l", &key)
         .map_err(|e| anyhow::anyhow!("signing: {e}"))?;
     let small = small.with_signature(small_signature);
-    component.check_signed(None, &small, std::slice::from_ref(&key))?;
+    let outcome = component.check_signed(None, &small, std::slice::from_ref(&key))?;
+    ensure!(
+        matches!(outcome, Ok(Decision::Applied { .. })),
+        "{outcome:?}"
+    );
     let small_bytes = 1 + 1 + 5 + key.secret.len() + 32;
     within(&component, "check-signed, smallest", small_bytes)?;
-    core.check_signed(None, &small, std::slice::from_ref(&key))?;
+    let outcome = core.check_signed(None, &small, std::slice::from_ref(&key))?;
+    ensure!(
+        matches!(outcome, Ok(Decision::Applied { .. })),
+        "{outcome:?}"
+    );
     within(&core, "check-signed, smallest (core)", small_bytes)?;
 
     // ... and a packed batch of 128 of them (94 bytes each).
@@ -466,7 +505,11 @@ fn worst_case_calls_stay_under_the_fuel_bound() -> Result<()> {
     for (name, guest) in [("core", &mut core), ("component", &mut component)] {
         let answer = guest.check_packed_raw(&batch)?;
         ensure!(answer.is_ok(), "{answer:?}");
-        within(guest, &format!("check-packed, 128 smallest signed ({name})"), batch.len())?;
+        within(
+            guest,
+            &format!("check-packed, 128 smallest signed ({name})"),
+            batch.len(),
+        )?;
     }
 
     // Lease calls on the longest lock and lease id.
@@ -479,14 +522,15 @@ fn worst_case_calls_stay_under_the_fuel_bound() -> Result<()> {
         ttl: 500,
     };
     let bytes = MAX_LOCK_BYTES + MAX_LEASE_ID_BYTES;
-    let Ok(fencecheck::Acquire::Acquired { state: lease, .. }) = component.acquire(None, &acquire)?
+    let Ok(fencecheck::Acquire::Acquired { state: lease, .. }) =
+        component.acquire(None, &acquire)?
     else {
         bail!("acquire");
     };
     within(&component, "acquire", bytes)?;
-    component.inspect_lease(&lease)?;
+    ensure!(component.inspect_lease(&lease)?.is_ok());
     within(&component, "inspect-lease", lease.len())?;
-    component.restore(Some(&lease))?;
+    ensure!(component.restore(Some(&lease))?.is_ok());
     within(&component, "restore", lease.len())?;
     Ok(())
 }

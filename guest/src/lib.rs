@@ -54,13 +54,13 @@ mod auth;
 #[cfg(target_arch = "wasm32")]
 #[allow(unsafe_code)]
 mod bindings;
-#[cfg(target_arch = "wasm32")]
-#[allow(unsafe_code)]
-mod one;
 mod check;
 mod crc;
 mod frame;
 mod lease;
+#[cfg(target_arch = "wasm32")]
+#[allow(unsafe_code)]
+mod one;
 mod packed;
 mod state;
 mod types;

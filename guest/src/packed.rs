@@ -164,11 +164,7 @@ fn item<'a>(r: &mut Reader<'a>) -> Result<Item<'a>, BatchError> {
         (false, true) => return Err(BatchError::Malformed),
         (true, signed) => {
             let keys = keys(r)?;
-            let signature = if signed {
-                Some(signature(r)?)
-            } else {
-                None
-            };
+            let signature = if signed { Some(signature(r)?) } else { None };
             match authenticate(&request, signature, &keys) {
                 Ok(()) | Err(SignedCheckError::Check(_)) => Gate::Open,
                 Err(SignedCheckError::InvalidKeys(p)) => Gate::InvalidKeys(p),

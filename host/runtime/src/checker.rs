@@ -144,8 +144,8 @@ impl NativePacked {
             call: CALL,
             message,
         };
-        let out = fencecheck_guest::check_packed(&self.input)
-            .map_err(|e| protocol(format!("{e:?}")))?;
+        let out =
+            fencecheck_guest::check_packed(&self.input).map_err(|e| protocol(format!("{e:?}")))?;
         crate::packed::decode(&out, items.len()).map_err(protocol)
     }
 }

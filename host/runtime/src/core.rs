@@ -213,7 +213,11 @@ impl CoreGuest {
         fuel: u64,
         read: impl FnOnce(Result<&[u8], crate::BatchError>) -> T,
     ) -> Result<T, CoreError> {
-        if !self.one.as_ref().is_some_and(|one| batch.len() <= one.capacity) {
+        if self
+            .one
+            .as_ref()
+            .is_none_or(|one| batch.len() > one.capacity)
+        {
             return self.call(batch, fuel, read);
         }
         self.fuel(fuel)?;

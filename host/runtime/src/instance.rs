@@ -572,8 +572,6 @@ impl Instance {
     }
 }
 
-
-
 fn too_large(call: &'static str, limit: usize) -> Error {
     Error::TooLarge {
         call,

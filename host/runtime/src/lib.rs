@@ -77,9 +77,9 @@ mod text;
 pub mod vectors;
 mod version;
 
-pub use checker::{Checker, Native};
 #[doc(hidden)]
 pub use checker::NativePacked;
+pub use checker::{Checker, Native};
 pub use error::Error;
 pub use fencecheck_guest::{
     Acquire, AcquireRequest, AuthFailure, BatchError, CheckError, Corruption, Decision,
