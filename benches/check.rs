@@ -43,8 +43,8 @@ fn bench(c: &mut Criterion) -> anyhow::Result<()> {
     let runtime = Runtime::new()?;
     let mut wasm = runtime.instance()?;
     let mut component = runtime.with_component_transport().instance()?;
-    let mut metered = Runtime::from_bytes_metered(fencecheck::COMPONENT, Limits::default())?
-        .instance()?;
+    let mut metered =
+        Runtime::from_bytes_metered(fencecheck::COMPONENT, Limits::default())?.instance()?;
     let mut packed = NativePacked::default();
     // Every runtime must decide the same thing before we time them.
     let expected = Native.check(Some(&state), &request)?;
