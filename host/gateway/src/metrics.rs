@@ -22,6 +22,8 @@ pub struct Metrics {
     component: IntGaugeVec,
     connections: IntGauge,
     refused: IntCounter,
+    /// The cross-host table's `fencecheck_decisions_total` (fenced writes only).
+    fenced: IntCounterVec,
     in_flight: IntGauge,
 }
 
@@ -35,6 +37,13 @@ impl Metrics {
                 "Requests by operation, outcome (applied, duplicate, stale-fence, version-conflict, bad-request, unavailable, …) and token epoch",
             ),
             &["op", "outcome", "epoch"],
+        )?;
+        let fenced = IntCounterVec::new(
+            Opts::new(
+                "fencecheck_decisions_total",
+                "Fence decisions by operation, outcome (applied, duplicate, stale-fence, version-conflict, refused, unauthenticated) and token epoch: the name every fencecheck host exports (docs/design.md §12)",
+            ),
+            &["operation", "outcome", "epoch"],
         )?;
         let latency = HistogramVec::new(
             HistogramOpts::new(
@@ -84,10 +93,12 @@ impl Metrics {
         registry.register(Box::new(component.clone()))?;
         registry.register(Box::new(reloads.clone()))?;
         registry.register(Box::new(decisions.clone()))?;
+        registry.register(Box::new(fenced.clone()))?;
         registry.register(Box::new(latency.clone()))?;
         Ok(Self {
             registry,
             decisions,
+            fenced,
             latency,
             reloads,
             auth_reloads,
@@ -115,6 +126,11 @@ impl Metrics {
         self.decisions
             .with_label_values(&[op, outcome, epoch.as_str()])
             .inc();
+        if let Some(decision) = decision(op, outcome) {
+            self.fenced
+                .with_label_values(&[op, decision, epoch.as_str()])
+                .inc();
+        }
         let class = match status {
             100..=599 => ["1xx", "2xx", "3xx", "4xx", "5xx"][usize::from(status / 100 - 1)],
             _ => "none",
@@ -164,5 +180,46 @@ impl Metrics {
             tracing::warn!(error = %e, "metrics encoding failed");
         }
         out
+    }
+}
+
+/// The outcome of a fenced write (`put`, `delete`) in the cross-host metric
+/// table's terms (docs/design.md §12), or `None` for a request that reached
+/// no fence decision (not found, bad request, unavailable, a read, …).
+fn decision(op: &str, outcome: &str) -> Option<&'static str> {
+    if !matches!(op, "put" | "delete") {
+        return None;
+    }
+    Some(match outcome {
+        "applied" => "applied",
+        "duplicate" => "duplicate",
+        "stale-fence" => "stale-fence",
+        "version-conflict" => "version-conflict",
+        "unauthenticated" => "unauthenticated",
+        // The request or the stored state could not be decided on: no
+        // token, an invalid one, a foreign authority, a corrupt state,
+        // unusable keys.
+        "missing-token" | "invalid-request" | "foreign-authority" | "refused" | "invalid-keys" => {
+            "refused"
+        }
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::decision;
+
+    /// Fenced writes map onto the table's outcomes; reads and requests that
+    /// reached no decision are not decisions.
+    #[test]
+    fn decisions_map_onto_the_table() {
+        assert_eq!(decision("put", "stale-fence"), Some("stale-fence"));
+        assert_eq!(decision("delete", "applied"), Some("applied"));
+        assert_eq!(decision("put", "missing-token"), Some("refused"));
+        assert_eq!(decision("put", "not-found"), None);
+        assert_eq!(decision("put", "unavailable"), None);
+        assert_eq!(decision("get", "ok"), None);
+        assert_eq!(decision("lock", "busy"), None);
     }
 }

@@ -371,6 +371,17 @@ fn health_and_metrics() -> anyhow::Result<()> {
         "{text}"
     );
     ensure!(text.contains(r#"outcome="stale-fence"} 1"#), "{text}");
+    // The cross-host table's name (docs/design.md §12), with its labels.
+    for line in [
+        r#"fencecheck_decisions_total{epoch="0",operation="put",outcome="applied"} 1"#,
+        r#"fencecheck_decisions_total{epoch="0",operation="put",outcome="stale-fence"} 1"#,
+    ] {
+        ensure!(text.contains(line), "{line} missing from:\n{text}");
+    }
+    ensure!(
+        !text.contains(r#"fencecheck_decisions_total{epoch="none",operation="get""#),
+        "a read is no decision"
+    );
     ensure!(text.contains("fencecheck_gateway_request_duration_seconds_bucket"));
     ensure!(!text.contains("secret-key"), "a key leaked into labels");
     Ok(())
