@@ -12,3 +12,6 @@ command -v promtool >/dev/null || {
 promtool check rules ops/prometheus/fencecheck.rules.yml
 # promtool resolves rule_files relative to the test file.
 promtool test rules ops/prometheus/fencecheck.rules.test.yml
+# The rules and the Grafana dashboard use only the table's names and labels,
+# and every dashboard query parses.
+python3 ops/check.py
