@@ -1,11 +1,13 @@
 //! The client capability: what an acquisition hands to the code that writes.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use fencecheck::{CheckError, Decision, Outcome, Policy, Request, Token};
 
 use crate::{
     AcquireOutcome, AuthorityError, Clock, Coordinator, Grant, ReleaseOutcome, RenewOutcome,
+    signals,
 };
 
 /// How far the client's clock may run slow against the coordinator's, as a
@@ -96,20 +98,33 @@ impl Client {
     /// whose lease started at the first attempt, not at the retry.
     pub fn acquire(&self, lock: &str, lease_id: &str, ttl_ms: u64) -> AcquireResult {
         let sent_at = self.local.now_ms();
-        match self.coordinator.acquire(lock, lease_id, ttl_ms) {
-            Ok(AcquireOutcome::Acquired(grant)) => AcquireResult::Acquired(Lease {
-                valid_until: self
-                    .drift
-                    .deadline(sent_at, ttl_ms.min(grant.remaining_ms())),
-                grant,
-                ttl_ms,
-                lost: false,
-                client: self.clone(),
-            }),
+        let started = Instant::now();
+        let answer = self.coordinator.acquire(lock, lease_id, ttl_ms);
+        let took = started.elapsed();
+        match answer {
+            Ok(AcquireOutcome::Acquired(grant)) => {
+                signals::acquired("acquired", took);
+                signals::granted(grant.token);
+                AcquireResult::Acquired(Lease {
+                    valid_until: self
+                        .drift
+                        .deadline(sent_at, ttl_ms.min(grant.remaining_ms())),
+                    grant,
+                    ttl_ms,
+                    lost: false,
+                    acquired_at: started,
+                    client: self.clone(),
+                })
+            }
             Ok(AcquireOutcome::Busy { holder, expires_at }) => {
+                signals::acquired("busy", took);
                 AcquireResult::Busy { holder, expires_at }
             }
-            Err(e) => AcquireResult::Unavailable(e),
+            Err(e) => {
+                signals::acquired("error", took);
+                signals::coordinator_error(&e);
+                AcquireResult::Unavailable(e)
+            }
         }
     }
 }
@@ -171,6 +186,8 @@ pub struct Lease {
     ttl_ms: u64,
     valid_until: u64,
     lost: bool,
+    /// When the acquisition was sent (the lease's age, for the signals).
+    acquired_at: Instant,
     client: Client,
 }
 
@@ -223,32 +240,52 @@ impl Lease {
     pub fn renew(&mut self) -> Result<bool, AuthorityError> {
         let sent_at = self.client.local.now_ms();
         if self.lost || sent_at >= self.valid_until {
-            self.lost = true;
+            self.lose();
             return Ok(false);
         }
-        let reply = self.client.coordinator.renew(
-            &self.grant.lock,
-            &self.grant.lease_id,
-            self.grant.token,
-            self.ttl_ms,
-        )?;
+        let reply = self
+            .client
+            .coordinator
+            .renew(
+                &self.grant.lock,
+                &self.grant.lease_id,
+                self.grant.token,
+                self.ttl_ms,
+            )
+            .inspect_err(|e| {
+                signals::renewed("error");
+                signals::coordinator_error(e);
+            })?;
         let received_at = self.client.local.now_ms();
         match reply {
             RenewOutcome::Renewed { expires_at } if received_at < self.valid_until => {
                 self.grant.expires_at = expires_at;
                 self.valid_until = self.client.drift.deadline(sent_at, self.ttl_ms);
+                signals::renewed("renewed");
                 Ok(true)
             }
             // Lost, or renewed too late: stay lost.
             _ => {
-                self.lost = true;
+                signals::renewed("lost");
+                self.lose();
                 Ok(false)
             }
         }
     }
 
+    /// Mark the lease lost; the first time, record the holder's loss.
+    fn lose(&mut self) {
+        if !self.lost {
+            signals::ended("lost", self.acquired_at.elapsed());
+        }
+        self.lost = true;
+    }
+
     /// Release the lease at the coordinator (an optimisation: expiry frees it too).
     pub fn release(mut self) -> Result<ReleaseOutcome, AuthorityError> {
+        if !self.lost {
+            signals::ended("released", self.acquired_at.elapsed());
+        }
         self.lost = true;
         self.client
             .coordinator
@@ -273,7 +310,7 @@ impl Lease {
         write: impl FnOnce(&Request) -> Result<Outcome, E>,
     ) -> Result<WriteOutcome, WriteError<E>> {
         if self.remaining_ms() == 0 {
-            self.lost = true;
+            self.lose();
             return Err(WriteError::LeaseLost);
         }
         match write(&request) {
@@ -283,7 +320,7 @@ impl Lease {
                 Decision::Applied { version, .. } => WriteOutcome::Applied { version },
                 Decision::Duplicate { version } => WriteOutcome::Duplicate { version },
                 Decision::StaleFence { highest, .. } => {
-                    self.lost = true;
+                    self.lose();
                     WriteOutcome::StaleFence { highest }
                 }
                 Decision::VersionConflict { expected, actual } => {

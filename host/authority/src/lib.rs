@@ -31,6 +31,9 @@
 //!   for resources that require signed tokens.
 //! - [`Client`], [`Lease`]: the client capability (scope, lease id, token, a
 //!   conservative local validity deadline) and protected-write outcomes.
+//!   Both record the lease signals of docs/design.md §12 through the
+//!   [`metrics`](https://docs.rs/metrics) facade (nothing is exported until
+//!   the application installs a recorder).
 //! - [`AuthorityError`]: every infrastructure failure, kept apart from the
 //!   domain outcomes (`busy`, `lost`, `not-owner`).
 //!
@@ -63,6 +66,7 @@ mod migrate;
 mod postgres;
 mod redis;
 mod rules;
+mod signals;
 mod signing;
 mod sqlite;
 
