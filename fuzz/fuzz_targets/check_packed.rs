@@ -13,27 +13,11 @@
 //! state's frame intact (length and CRC-32C) and encode the batch again.
 #![no_main]
 
-use fencecheck_fuzz::{
-    Src, auth_model, encode_packed, encode_packed_outcomes, fix_frame, parse_packed,
-    with_runtimes,
-};
+use fencecheck_fuzz::{Src, auth_model, encode_packed_outcomes, packed_input, with_runtimes};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let mut src = Src(data);
-    let mode = src.u8();
-    let mut batch = src.0.to_vec();
-    let mut items = parse_packed(&batch);
-    if mode & 1 != 0
-        && let Some(items) = items.as_mut()
-    {
-        for (state, _, _) in items.iter_mut() {
-            if let Some(state) = state {
-                fix_frame(state);
-            }
-        }
-        batch = encode_packed(items);
-    }
+    let (batch, items) = packed_input(&mut Src(data));
     with_runtimes(|rt| {
         let output = rt.check_packed(&batch);
         let Some(items) = items else {
@@ -76,7 +60,10 @@ fuzz_target!(|data: &[u8]| {
             .zip(&outcomes)
             .filter(|((_, _, keys), _)| keys.is_none())
             .collect();
-        let pairs: Vec<_> = unkeyed.iter().map(|((s, r, _), _)| (s.as_deref(), r)).collect();
+        let pairs: Vec<_> = unkeyed
+            .iter()
+            .map(|((s, r, _), _)| (s.as_deref(), r))
+            .collect();
         let batched = rt.all("check_batch", |c| c.check_batch(&pairs));
         let want: Vec<_> = unkeyed.iter().map(|(_, o)| (*o).clone()).collect();
         let batched: Vec<_> = batched

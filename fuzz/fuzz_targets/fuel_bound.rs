@@ -28,7 +28,7 @@ use fencecheck::{
     AcquireRequest, FUEL_BOUND_BASE, FUEL_BOUND_PER_BYTE, Instance, Limits, ReleaseRequest,
     RenewRequest, Runtime, Token,
 };
-use fencecheck_fuzz::{Src, encode_packed, fix_frame, parse_packed, read_request};
+use fencecheck_fuzz::{Src, fix_frame, packed_input, read_request};
 use libfuzzer_sys::fuzz_target;
 
 struct Metered {
@@ -71,23 +71,6 @@ fn within(guest: &Instance, what: &str, bytes: usize) {
     );
 }
 
-fn batch(src: &mut Src<'_>) -> (Vec<u8>, Option<Vec<fencecheck_fuzz::PackedItem>>) {
-    let mode = src.u8();
-    let mut batch = src.0.to_vec();
-    let mut items = parse_packed(&batch);
-    if mode & 1 != 0
-        && let Some(items) = items.as_mut()
-    {
-        for (state, _, _) in items.iter_mut() {
-            if let Some(state) = state {
-                fix_frame(state);
-            }
-        }
-        batch = encode_packed(items);
-    }
-    (batch, items)
-}
-
 fuzz_target!(|data: &[u8]| {
     let mut src = Src(data);
     let sel = src.u8() % 4;
@@ -96,7 +79,7 @@ fuzz_target!(|data: &[u8]| {
         let m = cell.get_or_insert_with(metered);
         match sel {
             0 => {
-                let (batch, _) = batch(&mut src);
+                let (batch, _) = packed_input(&mut src);
                 for (name, guest) in [("core", &mut m.core), ("component", &mut m.component)] {
                     let _ = guest.check_packed_raw(&batch);
                     within(guest, &format!("check-packed ({name})"), batch.len());
@@ -109,7 +92,9 @@ fuzz_target!(|data: &[u8]| {
                     fix_frame(&mut state);
                 }
                 let request = read_request(&mut src);
-                let bytes = state.len() + request.scope.len() + request.op_id.as_ref().map_or(0, String::len);
+                let bytes = state.len()
+                    + request.scope.len()
+                    + request.op_id.as_ref().map_or(0, String::len);
                 for (name, guest) in [("core", &mut m.core), ("component", &mut m.component)] {
                     for state in [None, Some(state.as_slice())] {
                         if guest.check(state, &request).is_ok() {
@@ -166,7 +151,7 @@ fuzz_target!(|data: &[u8]| {
                 }
             }
             _ => {
-                let (_, items) = batch(&mut src);
+                let (_, items) = packed_input(&mut src);
                 let Some(items) = items else { return };
                 let pairs: Vec<_> = items
                     .iter()

@@ -33,7 +33,11 @@ fuzz_target!(|data: &[u8]| {
     }
     if let Ok(signed) = text.parse::<SignedTokenText>() {
         let printed = signed.to_string();
-        assert_eq!(printed.parse::<SignedTokenText>(), Ok(signed.clone()), "{text:?}");
+        assert_eq!(
+            printed.parse::<SignedTokenText>(),
+            Ok(signed.clone()),
+            "{text:?}"
+        );
         if signed.signature.is_none() {
             assert_eq!(text.parse::<TokenText>().map(|t| t.0), Ok(signed.token));
         } else {
@@ -57,5 +61,9 @@ fuzz_target!(|data: &[u8]| {
         }),
     };
     let printed = signed.to_string();
-    assert_eq!(printed.parse::<SignedTokenText>(), Ok(signed), "{printed:?}");
+    assert_eq!(
+        printed.parse::<SignedTokenText>(),
+        Ok(signed),
+        "{printed:?}"
+    );
 });
