@@ -14,6 +14,21 @@
 //!
 //! Prefixes are plain string prefixes of the decoded key (`""` is every key;
 //! `"reports"` also matches `reports-old/…`: end a directory with `/`).
+//!
+//! A principal may also carry S3 credentials for the S3 front (AWS
+//! Signature V4, see `crate::s3`): `access_key_id` and `secret_access_key`.
+//! SigV4 needs the secret itself, not a hash, so a file that holds one is
+//! refused unless only its owner can read it (mode `0600` or stricter). A
+//! key `K` of bucket `B` is the key `B/K` for the rights above.
+//!
+//! ```toml
+//! [[principal]]
+//! name = "backup"
+//! access_key_id = "AKIAFENCECHECK0001"
+//! secret_access_key = "<40 characters, from a password generator>"
+//! read = ["backups/"]
+//! write = ["backups/"]
+//! ```
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -84,10 +99,41 @@ pub enum Unauthenticated {
 }
 
 /// The principals of one file, indexed by the hash of their secret.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct Principals {
     by_hash: HashMap<[u8; 32], Arc<Principal>>,
+    /// S3 access key id → the principal and its secret access key.
+    by_access_key: HashMap<String, (Arc<Principal>, S3Secret)>,
 }
+
+/// A secret access key, kept out of `Debug` output.
+#[derive(Clone)]
+pub struct S3Secret(String);
+
+impl S3Secret {
+    /// The secret's text (for computing a signature, never for logging).
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for S3Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("S3Secret(..)")
+    }
+}
+
+impl std::fmt::Debug for Principals {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Principals")
+            .field("bearer", &self.by_hash.len())
+            .field("s3", &self.by_access_key.len())
+            .finish()
+    }
+}
+
+/// Shortest accepted secret access key (AWS issues 40 characters).
+pub const MIN_S3_SECRET: usize = 16;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -100,7 +146,9 @@ struct File {
 #[serde(deny_unknown_fields)]
 struct Entry {
     name: String,
-    secret_sha256: String,
+    secret_sha256: Option<String>,
+    access_key_id: Option<String>,
+    secret_access_key: Option<String>,
     #[serde(default)]
     read: Vec<String>,
     #[serde(default)]
@@ -126,6 +174,7 @@ impl Principals {
             bad(format!("not the expected TOML{at}: {}", e.message()))
         })?;
         let mut by_hash = HashMap::new();
+        let mut by_access_key = HashMap::new();
         let mut names = HashSet::new();
         for entry in file.principal {
             let name = entry.name;
@@ -142,11 +191,49 @@ impl Principals {
             if !names.insert(name.clone()) {
                 return Err(bad(format!("principal {name:?} is listed twice")));
             }
-            let hash = decode_hash(&entry.secret_sha256).ok_or_else(|| {
-                bad(format!(
-                    "principal {name:?}: secret_sha256 must be 64 hex digits"
-                ))
-            })?;
+            let hash = entry
+                .secret_sha256
+                .as_deref()
+                .map(|text| {
+                    decode_hash(text).ok_or_else(|| {
+                        bad(format!(
+                            "principal {name:?}: secret_sha256 must be 64 hex digits"
+                        ))
+                    })
+                })
+                .transpose()?;
+            let s3 = match (entry.access_key_id, entry.secret_access_key) {
+                (None, None) => None,
+                (Some(id), Some(secret)) => {
+                    if id.len() < 3
+                        || id.len() > 128
+                        || !id.bytes().all(|b| b.is_ascii_alphanumeric())
+                    {
+                        return Err(bad(format!(
+                            "principal {name:?}: access_key_id must be 3 to 128 of A-Z a-z 0-9"
+                        )));
+                    }
+                    if secret.len() < MIN_S3_SECRET
+                        || secret.len() > 128
+                        || !secret.bytes().all(|b| b.is_ascii_graphic())
+                    {
+                        return Err(bad(format!(
+                            "principal {name:?}: secret_access_key must be {MIN_S3_SECRET} to 128 visible ASCII characters"
+                        )));
+                    }
+                    Some((id, S3Secret(secret)))
+                }
+                _ => {
+                    return Err(bad(format!(
+                        "principal {name:?}: access_key_id and secret_access_key go together"
+                    )));
+                }
+            };
+            if hash.is_none() && s3.is_none() {
+                return Err(bad(format!(
+                    "principal {name:?}: give secret_sha256 (bearer), access_key_id and secret_access_key (S3), or both"
+                )));
+            }
             for prefix in entry.read.iter().chain(&entry.write).chain(&entry.lock) {
                 if prefix.len() > fencecheck::MAX_SCOPE_BYTES
                     || prefix.chars().any(char::is_control)
@@ -162,30 +249,65 @@ impl Principals {
                 write: entry.write,
                 lock: entry.lock,
             });
-            if by_hash.insert(hash, principal).is_some() {
+            if let Some(hash) = hash
+                && by_hash.insert(hash, principal.clone()).is_some()
+            {
                 return Err(bad(format!(
                     "principal {name:?} has the same secret as another"
                 )));
             }
+            if let Some((id, secret)) = s3
+                && by_access_key.insert(id, (principal, secret)).is_some()
+            {
+                return Err(bad(format!(
+                    "principal {name:?} has the same access_key_id as another"
+                )));
+            }
         }
-        Ok(Self { by_hash })
+        Ok(Self {
+            by_hash,
+            by_access_key,
+        })
     }
 
     /// Read and parse `path`.
+    /// A file that holds secret access keys must be readable by its
+    /// owner only.
     pub fn load(path: &Path) -> Result<Self, Error> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| Error::Config(format!("reading the auth file {}: {e}", path.display())))?;
-        Self::parse(&text)
+        let principals = Self::parse(&text)?;
+        if !principals.by_access_key.is_empty() {
+            use std::os::unix::fs::MetadataExt;
+            let mode = std::fs::metadata(path)
+                .map_err(|e| {
+                    Error::Config(format!("reading the auth file {}: {e}", path.display()))
+                })?
+                .mode();
+            if mode & 0o077 != 0 {
+                return Err(Error::Config(format!(
+                    "auth file {}: it holds secret access keys, so only its owner may read it (chmod 600; it is {:o})",
+                    path.display(),
+                    mode & 0o777
+                )));
+            }
+        }
+        Ok(principals)
     }
 
-    /// How many principals there are.
+    /// The principal and secret of an S3 access key id.
+    pub fn s3_key(&self, access_key_id: &str) -> Option<(Arc<Principal>, S3Secret)> {
+        self.by_access_key.get(access_key_id).cloned()
+    }
+
+    /// How many credentials there are (bearer secrets and S3 keys).
     pub fn len(&self) -> usize {
-        self.by_hash.len()
+        self.by_hash.len() + self.by_access_key.len()
     }
 
     /// Whether there are none (every request is then refused).
     pub fn is_empty(&self) -> bool {
-        self.by_hash.is_empty()
+        self.len() == 0
     }
 
     /// The principal an `Authorization` header value names.
@@ -296,6 +418,11 @@ impl Auth {
             .map_err(|_| Error::Task("the auth lock is poisoned".into()))?;
         *current = Arc::new(principals);
         Ok(true)
+    }
+
+    /// The principal and secret of an S3 access key id (none in open mode).
+    pub fn s3_key(&self, access_key_id: &str) -> Option<(Arc<Principal>, S3Secret)> {
+        self.current.read().ok()?.s3_key(access_key_id)
     }
 
     /// The caller an `Authorization` header value names.

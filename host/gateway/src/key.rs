@@ -99,8 +99,22 @@ pub fn validate_key(raw: &str) -> Result<String, KeyError> {
         return Err(KeyError("longer than 1024 bytes"));
     }
     let key = decode(raw, true)?;
+    check_decoded(&key)?;
+    Ok(key)
+}
+
+/// The rules of [`validate_key`] on a key already decoded (the S3 front's:
+/// s3s decodes the path): 1 to [`MAX_SCOPE_BYTES`] bytes, no empty, `.` or
+/// `..` segment, no control characters.
+pub(crate) fn check_decoded(key: &str) -> Result<(), KeyError> {
+    if key.is_empty() {
+        return Err(KeyError("empty"));
+    }
     if key.len() > MAX_SCOPE_BYTES {
         return Err(KeyError("longer than 1024 bytes"));
+    }
+    if key.chars().any(char::is_control) {
+        return Err(KeyError("control characters are refused"));
     }
     for segment in key.split('/') {
         match segment {
@@ -109,7 +123,7 @@ pub fn validate_key(raw: &str) -> Result<String, KeyError> {
             _ => {}
         }
     }
-    Ok(key)
+    Ok(())
 }
 
 /// Percent-encode `key` for a path (the inverse of [`validate_key`]):

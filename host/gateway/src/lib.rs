@@ -44,9 +44,13 @@ mod locks;
 mod metrics;
 mod pgtls;
 mod reload;
+mod s3;
 mod store;
 
-pub use auth::{Auth, Caller, MAX_PRINCIPAL_NAME, Principal, Principals, Right, Unauthenticated};
+pub use auth::{
+    Auth, Caller, MAX_PRINCIPAL_NAME, MIN_S3_SECRET, Principal, Principals, Right, S3Secret,
+    Unauthenticated,
+};
 pub use blobs::{BlobReader, BlobWriter, Blobs, Stored, Upstream, Written};
 pub use collector::Collector;
 pub use error::Error;

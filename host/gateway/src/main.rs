@@ -117,6 +117,12 @@ struct Args {
     /// measuring the difference.
     #[arg(long)]
     per_publish_sync: bool,
+    /// Serve this bucket on the S3 front too (repeatable): path-style
+    /// `/{bucket}/{key}`, signed with AWS Signature V4 by the principals of
+    /// --auth that carry access_key_id and secret_access_key. Key K of
+    /// bucket B is the fenced key B/K of /objects.
+    #[arg(long, value_name = "NAME", requires = "auth")]
+    bucket: Vec<String>,
     /// Worker threads for the HTTP service.
     #[arg(long, default_value_t = 2)]
     threads: usize,
@@ -256,17 +262,18 @@ fn main() -> anyhow::Result<()> {
     };
     let mut server = Server::new_with_opt_and_conf(None, conf);
     server.bootstrap();
-    let proxy = pingora::proxy::http_proxy(
-        &server.configuration,
-        Gateway::new(
-            store.clone(),
-            blobs.clone(),
-            coordinator,
-            auth,
-            config,
-            metrics.clone(),
-        ),
+    let mut gateway = Gateway::new(
+        store.clone(),
+        blobs.clone(),
+        coordinator,
+        auth,
+        config,
+        metrics.clone(),
     );
+    if !args.bucket.is_empty() {
+        gateway = gateway.with_s3(&args.bucket)?;
+    }
+    let proxy = pingora::proxy::http_proxy(&server.configuration, gateway);
     let mut service = pingora::services::listening::Service::new(
         "fencecheck-gateway".to_owned(),
         Guarded::new(proxy, limits, metrics),

@@ -5,11 +5,11 @@
 //! store ([`crate::store`], [`crate::blobs`]). Every route is answered in
 //! `request_filter`: there is no upstream to proxy to.
 
-mod body;
-mod conditional;
+pub(crate) mod body;
+pub(crate) mod conditional;
 pub(crate) mod conn;
 mod locks;
-mod objects;
+pub(crate) mod objects;
 pub(crate) mod reply;
 mod route;
 
@@ -74,13 +74,29 @@ impl Default for Config {
 
 /// The fencing gateway: a [`ProxyHttp`] that answers every request itself.
 pub struct Gateway {
-    store: Arc<Store>,
-    blobs: Arc<Blobs>,
-    coordinator: Arc<dyn fencecheck_authority::Coordinator>,
-    auth: Arc<Auth>,
-    config: Config,
-    metrics: Arc<Metrics>,
+    core: Arc<Core>,
+    /// The S3 front, if buckets were configured.
+    s3: Option<crate::s3::Front>,
+}
+
+/// What every surface of the gateway shares (the `/objects` API and the S3
+/// front run the same publish over the same store).
+pub struct Core {
+    pub(crate) store: Arc<Store>,
+    pub(crate) blobs: Arc<Blobs>,
+    pub(crate) coordinator: Arc<dyn fencecheck_authority::Coordinator>,
+    pub(crate) auth: Arc<Auth>,
+    pub(crate) config: Config,
+    pub(crate) metrics: Arc<Metrics>,
     in_flight: Arc<Semaphore>,
+}
+
+impl std::ops::Deref for Gateway {
+    type Target = Core;
+
+    fn deref(&self) -> &Core {
+        &self.core
+    }
 }
 
 impl Gateway {
@@ -95,7 +111,7 @@ impl Gateway {
         metrics: Arc<Metrics>,
     ) -> Self {
         let in_flight = Arc::new(Semaphore::new(config.max_in_flight));
-        Self {
+        let core = Arc::new(Core {
             store,
             blobs,
             coordinator,
@@ -103,18 +119,27 @@ impl Gateway {
             config,
             metrics,
             in_flight,
-        }
+        });
+        Self { core, s3: None }
+    }
+
+    /// Serve the S3 front for `buckets` too (path-style `/{bucket}/{key}`;
+    /// key `K` of bucket `B` is the fenced key `B/K`). Refused: a bucket
+    /// name S3 would refuse, or one that is a path of the gateway's own API.
+    pub fn with_s3(mut self, buckets: &[String]) -> Result<Self, Error> {
+        self.s3 = Some(crate::s3::Front::new(self.core.clone(), buckets)?);
+        Ok(self)
     }
 }
 
 /// Per-request facts for the log line and the metrics.
 #[derive(Debug)]
 pub struct Ctx {
-    started: Instant,
-    op: &'static str,
-    outcome: &'static str,
-    epoch: Option<u64>,
-    principal: Option<String>,
+    pub(crate) started: Instant,
+    pub(crate) op: &'static str,
+    pub(crate) outcome: &'static str,
+    pub(crate) epoch: Option<u64>,
+    pub(crate) principal: Option<String>,
 }
 
 /// Why storage work did not run or did not finish.
@@ -143,7 +168,7 @@ pub(crate) async fn blocking<T: Send + 'static>(
         .map_err(|e| Error::Task(e.to_string()))?
 }
 
-impl Gateway {
+impl Core {
     /// Run blocking store work under an in-flight permit. The first step of
     /// a request (`first`) waits for one at most `queue_wait`, then is
     /// refused (503); a later step of an admitted request waits longer (a
@@ -177,7 +202,9 @@ impl Gateway {
             .and_then(Result::ok)
             .ok_or(Failure::Overloaded)
     }
+}
 
+impl Gateway {
     fn caller(&self, session: &Session) -> Result<Caller, Reply> {
         let mut values = session.req_header().headers.get_all("authorization").iter();
         let first = values.next();
@@ -205,6 +232,12 @@ impl Gateway {
         session.set_write_timeout(Some(self.config.pace.chunk));
         if self.config.min_send_rate > 0 {
             session.set_min_send_rate(usize::try_from(self.config.min_send_rate).ok());
+        }
+        if let Some(front) = &self.s3
+            && front.claims(session.req_header().uri.path())
+        {
+            ctx.op = "s3";
+            return front.serve(self, session, ctx).await;
         }
         let route = match route::route(session.req_header()) {
             Ok(route) => route,

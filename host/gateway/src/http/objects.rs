@@ -21,7 +21,7 @@ use super::body::{BodyFailure, Reading};
 use super::conditional::{ReadCheck, Span, Tags, WriteConditions, read_check, span};
 use super::reply::{Reply, etag, refused, rejection, token_text};
 use super::route::ObjectOp;
-use super::{Ctx, Failure, Gateway};
+use super::{Core, Ctx, Failure, Gateway};
 use crate::blobs::Written;
 use crate::key::encode_key;
 use crate::store::{Current, Head, Kind, Meta};
@@ -48,13 +48,13 @@ pub(crate) async fn serve(
 }
 
 /// What a write asks for, from its headers.
-struct Write {
-    request: Request,
-    conditions: WriteConditions,
-    fence: String,
+pub(crate) struct Write {
+    pub(crate) request: Request,
+    pub(crate) conditions: WriteConditions,
+    pub(crate) fence: String,
 }
 
-fn header<'a>(req: &'a RequestHeader, name: &str) -> Result<Option<&'a str>, Reply> {
+pub(crate) fn header<'a>(req: &'a RequestHeader, name: &str) -> Result<Option<&'a str>, Reply> {
     let mut values = req.headers.get_all(name).iter();
     let Some(value) = values.next() else {
         return Ok(None);
@@ -267,22 +267,32 @@ async fn put(
         sha256: written.sha256,
         content_type,
         op_id: write.request.op_id.clone(),
+        etag: None,
     };
     let existed = head.body_version().is_some();
     Ok(publish(gw, write, object, meta, if existed { 200 } else { 201 }).await)
 }
 
+/// Decide early, without storing anything: the verdict, the key's head,
+/// and the write (with the head's version as the expected one if
+/// `guarded`: a precondition holds or not against the version read here,
+/// and the publish then applies only if it is still the same).
+pub(crate) async fn decide_early(
+    gw: &Core,
+    write: Write,
+    guarded: bool,
+) -> Result<(SignedOutcome, Head, Write), Failure> {
+    let request = write.request.clone();
+    let (outcome, head, request) = gw.work(true, move |s| s.early(request, guarded)).await?;
+    Ok((outcome, head, Write { request, ..write }))
+}
+
 /// Decide early; on a verdict that stops the write, the answer.
 async fn early(gw: &Gateway, write: Write) -> Result<(Write, Head), Reply> {
-    // A precondition holds or not against the version read here; the
-    // publish then applies only if the version is still the same.
     let guarded = !write.conditions.is_empty();
-    let request = write.request.clone();
-    let (outcome, head, request) = gw
-        .work(true, move |s| s.early(request, guarded))
+    let (outcome, head, write) = decide_early(gw, write, guarded)
         .await
         .map_err(|f| f.reply())?;
-    let write = Write { request, ..write };
     match early_stop(&outcome, &write, &head) {
         Some(reply) => Err(reply),
         None => Ok((write, head)),
@@ -322,8 +332,33 @@ async fn receive(
     gw.blobs.finish(writer).await.map_err(BodyFailure::Storage)
 }
 
-/// The fenced publish of a staged object and its answer.
-async fn publish(gw: &Gateway, write: Write, object: ObjectId, meta: Meta, status: u16) -> Reply {
+/// What a fenced publish came to. Anything but `Applied` and
+/// `CommitUnknown` has already dropped the staged object.
+pub(crate) enum Published {
+    /// Visible now.
+    Applied {
+        version: u64,
+        highest: fencecheck::Token,
+    },
+    /// A repeat of an applied write; `reused`: the Idempotency-Key was
+    /// applied with another body.
+    Duplicate { version: u64, reused: bool },
+    /// Stale, a version conflict, refused: nothing changed.
+    Rejected(Rejection),
+    /// The connection failed during the commit: it may have applied (the
+    /// object is kept; the collector takes it if it did not).
+    CommitUnknown(crate::error::Error),
+    /// Not decided.
+    Failed(Failure),
+}
+
+/// The fenced publish of a staged object.
+pub(crate) async fn publish_fenced(
+    gw: &Core,
+    write: &Write,
+    object: ObjectId,
+    meta: Meta,
+) -> Published {
     let request = write.request.clone();
     let sha256 = meta.sha256;
     let published = gw
@@ -332,16 +367,46 @@ async fn publish(gw: &Gateway, write: Write, object: ObjectId, meta: Meta, statu
     match published {
         Ok(Fenced::Applied {
             version, highest, ..
-        }) => Reply::new(status, "applied").versioned(version, token_text(highest)),
+        }) => Published::Applied { version, highest },
         Ok(Fenced::Rejected(Rejection::Duplicate { version })) => {
             cleanup(gw, object).await;
-            duplicate(gw, &write, version, sha256).await
+            match body_reused(gw, write, version, sha256).await {
+                Ok(reused) => Published::Duplicate { version, reused },
+                Err(f) => Published::Failed(f),
+            }
         }
         Ok(Fenced::Rejected(r)) => {
             cleanup(gw, object).await;
-            rejection(&r, &write.fence)
+            Published::Rejected(r)
         }
-        Err(Failure::Store(e)) if e.is_commit_unknown() => {
+        Err(Failure::Store(e)) if e.is_commit_unknown() => Published::CommitUnknown(e),
+        Err(f) => {
+            cleanup(gw, object).await;
+            Published::Failed(f)
+        }
+    }
+}
+
+/// The fenced publish of a staged object and its answer.
+async fn publish(gw: &Gateway, write: Write, object: ObjectId, meta: Meta, status: u16) -> Reply {
+    match publish_fenced(gw, &write, object, meta).await {
+        Published::Applied { version, highest } => {
+            Reply::new(status, "applied").versioned(version, token_text(highest))
+        }
+        Published::Duplicate { version, reused } => {
+            if reused {
+                Reply::problem(
+                    422,
+                    "idempotency-key-reused",
+                    "this Idempotency-Key was applied with a different body (or method); nothing was changed",
+                    json!({"version": version}),
+                )
+            } else {
+                rejection(&Rejection::Duplicate { version }, &write.fence)
+            }
+        }
+        Published::Rejected(r) => rejection(&r, &write.fence),
+        Published::CommitUnknown(e) => {
             // It may have been published: keep the object (the collector
             // takes it if it was not), and tell the client how to find out.
             tracing::warn!(error = %e, key = %write.request.scope, "commit outcome unknown");
@@ -353,39 +418,31 @@ async fn publish(gw: &Gateway, write: Write, object: ObjectId, meta: Meta, statu
             )
             .header("Retry-After", "1")
         }
-        Err(f) => {
-            cleanup(gw, object).await;
-            f.reply()
-        }
+        Published::Failed(f) => f.reply(),
     }
 }
 
-/// A duplicate Idempotency-Key: the same body (hash) is the original's
-/// answer; another body is 422.
-async fn duplicate(gw: &Gateway, write: &Write, version: u64, sha256: [u8; 32]) -> Reply {
+/// Whether a duplicate Idempotency-Key was applied with another body (a
+/// different hash). The same body, or one written before the gateway kept
+/// body hashes (then it cannot tell), is a true repeat.
+async fn body_reused(
+    gw: &Core,
+    write: &Write,
+    version: u64,
+    sha256: [u8; 32],
+) -> Result<bool, Failure> {
     let (scope, op_id) = (write.request.scope.clone(), write.request.op_id.clone());
     let Some(op_id) = op_id else {
-        return rejection(&Rejection::Duplicate { version }, &write.fence);
+        return Ok(false);
     };
     let recorded = gw
         .work(false, move |s| s.op_hash(&scope, &op_id, version))
-        .await;
-    match recorded {
-        Ok(Some(hash)) if hash[..] != sha256[..] => Reply::problem(
-            422,
-            "idempotency-key-reused",
-            "this Idempotency-Key was applied with a different body (or method); nothing was changed",
-            json!({"version": version}),
-        ),
-        // The same body, or written before the gateway kept body hashes
-        // (then it cannot tell).
-        Ok(_) => rejection(&Rejection::Duplicate { version }, &write.fence),
-        Err(f) => f.reply(),
-    }
+        .await?;
+    Ok(recorded.is_some_and(|hash| hash[..] != sha256[..]))
 }
 
 /// Drop an unpublished object now; if that fails the collector will.
-async fn cleanup(gw: &Gateway, object: ObjectId) {
+pub(crate) async fn cleanup(gw: &Core, object: ObjectId) {
     let result = match gw.work(false, move |s| s.discard(object)).await {
         Ok(true) => gw.blobs.remove(object).await,
         Ok(false) => Ok(()),
@@ -420,6 +477,7 @@ async fn delete(gw: &Gateway, session: &mut Session, ctx: &mut Ctx, key: &str) -
         sha256: [0; 32],
         content_type: String::new(),
         op_id: write.request.op_id.clone(),
+        etag: None,
     };
     let mut reply = publish(gw, write, object, meta, 204).await;
     if reply.status == 200 {

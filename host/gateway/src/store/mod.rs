@@ -63,6 +63,8 @@ pub struct Current {
     pub length: Option<u64>,
     /// The Content-Type its writer sent.
     pub content_type: Option<String>,
+    /// Its S3 ETag (without quotes), if written through the S3 front.
+    pub etag: Option<String>,
 }
 
 /// A key's state before a write: its version (0: never written; a delete
@@ -97,6 +99,8 @@ pub struct Meta {
     pub content_type: String,
     /// The Idempotency-Key it was written under.
     pub op_id: Option<String>,
+    /// The S3 ETag (without quotes): MD5 or the multipart form.
+    pub etag: Option<String>,
 }
 
 /// One entry of a listing.
@@ -114,6 +118,8 @@ pub struct Listed {
     pub length: Option<u64>,
     /// Content-Type, if recorded.
     pub content_type: Option<String>,
+    /// The S3 ETag, if written through the S3 front.
+    pub etag: Option<String>,
 }
 
 /// Database connections with their component instances.
@@ -379,6 +385,7 @@ impl Store {
                                 r.get(3)?,
                                 r.get(4)?,
                                 r.get(5)?,
+                                r.get(6)?,
                             ))
                         })?
                         .collect()
@@ -388,11 +395,21 @@ impl Store {
                     .query(schema::POSTGRES_LIST, &[&prefix, &after, &upper, &limit])
                     .map_err(|e| postgres_error("listing objects", e))?
                     .iter()
-                    .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4), r.get(5)))
+                    .map(|r| {
+                        (
+                            r.get(0),
+                            r.get(1),
+                            r.get(2),
+                            r.get(3),
+                            r.get(4),
+                            r.get(5),
+                            r.get(6),
+                        )
+                    })
                     .collect(),
             };
             rows.into_iter()
-                .map(|(key, version, at, name, length, content_type)| {
+                .map(|(key, version, at, name, length, content_type, etag)| {
                     let (_, fence) = parse_name(&name)?;
                     Ok(Listed {
                         key,
@@ -401,6 +418,7 @@ impl Store {
                         published_at: millis_time(at),
                         length: length.map(|n| unsigned("length", n)).transpose()?,
                         content_type,
+                        etag,
                     })
                 })
                 .collect()
@@ -550,6 +568,17 @@ fn install_sqlite(c: &mut Connection) -> Result<String, Error> {
         .map_err(sqlite("inspecting the database"))?;
     tx.execute_batch(schema::SQLITE)
         .map_err(sqlite("creating the gateway tables"))?;
+    let has_etag: bool = tx
+        .query_row(
+            "SELECT EXISTS (SELECT 1 FROM pragma_table_info('fencecheck_gateway_objects') WHERE name = 'etag')",
+            [],
+            |r| r.get(0),
+        )
+        .map_err(sqlite("inspecting the gateway tables"))?;
+    if !has_etag {
+        tx.execute_batch(schema::SQLITE_ETAG)
+            .map_err(sqlite("adding the etag column"))?;
+    }
     // A store that already holds objects from before blob prefixes keeps
     // bare ids as blob names ("").
     let id = if legacy { String::new() } else { random_id()? };
@@ -588,6 +617,8 @@ fn install_postgres(c: &mut postgres::Client) -> Result<String, Error> {
         .get(0);
     tx.batch_execute(schema::POSTGRES)
         .map_err(pg("creating the gateway tables"))?;
+    tx.batch_execute(schema::POSTGRES_ETAG)
+        .map_err(pg("adding the etag column"))?;
     let id = if legacy { String::new() } else { random_id()? };
     tx.execute(
         "INSERT INTO fencecheck_gateway_meta (key, value) VALUES ('store', $1) ON CONFLICT DO NOTHING",
@@ -613,8 +644,8 @@ fn record(conn: &mut Conn, object: ObjectId, meta: &Meta) -> Result<(), Error> {
     match conn {
         Conn::Sqlite(c) => relaxed(c, |c| {
             c.prepare_cached(
-                "INSERT OR REPLACE INTO fencecheck_gateway_objects (object, length, sha256, content_type, op_id)
-                 VALUES (?1, ?2, ?3, ?4, ?5)",
+                "INSERT OR REPLACE INTO fencecheck_gateway_objects (object, length, sha256, content_type, op_id, etag)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
             )
             .and_then(|mut s| {
                 s.execute(params![
@@ -622,7 +653,8 @@ fn record(conn: &mut Conn, object: ObjectId, meta: &Meta) -> Result<(), Error> {
                     length,
                     &meta.sha256[..],
                     meta.content_type,
-                    meta.op_id
+                    meta.op_id,
+                    meta.etag
                 ])
             })
             .map(|_| ())
@@ -630,14 +662,15 @@ fn record(conn: &mut Conn, object: ObjectId, meta: &Meta) -> Result<(), Error> {
         }),
         Conn::Postgres(c) => c
             .execute(
-                "INSERT INTO fencecheck_gateway_objects (object, length, sha256, content_type, op_id)
-                 VALUES ($1, $2, $3, $4, $5) ON CONFLICT (object) DO NOTHING",
+                "INSERT INTO fencecheck_gateway_objects (object, length, sha256, content_type, op_id, etag)
+                 VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (object) DO NOTHING",
                 &[
                     &object.get(),
                     &length,
                     &&meta.sha256[..],
                     &meta.content_type,
                     &meta.op_id,
+                    &meta.etag,
                 ],
             )
             .map(|_| ())
@@ -685,6 +718,7 @@ type ListRow = (
     String,
     Option<i64>,
     Option<String>,
+    Option<String>,
 );
 
 type HeadRow = (
@@ -693,6 +727,7 @@ type HeadRow = (
     Option<i64>,
     Option<String>,
     Option<i64>,
+    Option<String>,
     Option<String>,
 );
 
@@ -707,6 +742,7 @@ fn head_sqlite(c: &Connection, scope: &str) -> Result<Option<HeadRow>, Error> {
                     r.get(3)?,
                     r.get(4)?,
                     r.get(5)?,
+                    r.get(6)?,
                 ))
             })
             .optional()
@@ -720,13 +756,23 @@ fn head(conn: &mut Conn, scope: &str) -> Result<Head, Error> {
         Conn::Postgres(c) => c
             .query_opt(schema::POSTGRES_HEAD, &[&scope])
             .map_err(|e| postgres_error("reading the visible object", e))?
-            .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4), r.get(5))),
+            .map(|r| {
+                (
+                    r.get(0),
+                    r.get(1),
+                    r.get(2),
+                    r.get(3),
+                    r.get(4),
+                    r.get(5),
+                    r.get(6),
+                )
+            }),
     };
     head_from(row)
 }
 
 fn head_from(row: Option<HeadRow>) -> Result<Head, Error> {
-    let Some((version, at, object, name, length, content_type)) = row else {
+    let Some((version, at, object, name, length, content_type, etag)) = row else {
         return Ok(Head::default());
     };
     let version = unsigned("version", version)?;
@@ -741,6 +787,7 @@ fn head_from(row: Option<HeadRow>) -> Result<Head, Error> {
                 published_at: millis_time(at),
                 length: length.map(|n| unsigned("length", n)).transpose()?,
                 content_type,
+                etag,
             })
         }
         _ => None,

@@ -5,8 +5,11 @@
 //! - `fencecheck_gateway_meta`: the store id, the prefix of every blob name
 //!   (two gateways sharing one upstream never name a blob alike).
 //! - `fencecheck_gateway_objects`: per staged blob, its length, SHA-256,
-//!   Content-Type and Idempotency-Key; written after the upload, before the
-//!   publish, and deleted with its object (trigger).
+//!   Content-Type, Idempotency-Key and S3 ETag (`etag`: the MD5, or the
+//!   multipart form, of a blob written through the S3 front; NULL for one
+//!   written through `/objects`, added by [`SQLITE_ETAG`] and
+//!   [`POSTGRES_ETAG`] to stores made before it); written after the upload,
+//!   before the publish, and deleted with its object (trigger).
 //! - `fencecheck_gateway_ops`: per key, the body hash each recent
 //!   Idempotency-Key was applied with, written by a trigger in the publish's
 //!   own transaction (so it is exact: no crash can separate the two), pruned
@@ -24,7 +27,8 @@ CREATE TABLE IF NOT EXISTS fencecheck_gateway_objects (
     length       INTEGER NOT NULL,
     sha256       BLOB    NOT NULL,
     content_type TEXT    NOT NULL,
-    op_id        TEXT
+    op_id        TEXT,
+    etag         TEXT
 );
 CREATE TABLE IF NOT EXISTS fencecheck_gateway_ops (
     scope   TEXT    NOT NULL,
@@ -77,7 +81,8 @@ CREATE TABLE IF NOT EXISTS fencecheck_gateway_objects (
     length       bigint NOT NULL,
     sha256       bytea  NOT NULL,
     content_type text   NOT NULL,
-    op_id        text
+    op_id        text,
+    etag         text
 );
 CREATE TABLE IF NOT EXISTS fencecheck_gateway_ops (
     scope   text   NOT NULL,
@@ -125,17 +130,23 @@ CREATE OR REPLACE TRIGGER fencecheck_gateway_collected
     FOR EACH ROW EXECUTE FUNCTION fencecheck_gateway_collected();
 ";
 
+/// Stores made before the S3 front: the `etag` column (SQLite has no
+/// `ADD COLUMN IF NOT EXISTS`: run only when the column is missing).
+pub(crate) const SQLITE_ETAG: &str = "ALTER TABLE fencecheck_gateway_objects ADD COLUMN etag TEXT";
+pub(crate) const POSTGRES_ETAG: &str =
+    "ALTER TABLE fencecheck_gateway_objects ADD COLUMN IF NOT EXISTS etag text";
+
 /// The visible state of one key: the scope's version (0: never written),
 /// and its visible object with the gateway's facts about it.
 pub(crate) const SQLITE_HEAD: &str = "
-SELECT s.version, s.published_at_ms, o.id, o.name, g.length, g.content_type
+SELECT s.version, s.published_at_ms, o.id, o.name, g.length, g.content_type, g.etag
   FROM fencecheck_scopes s
   LEFT JOIN fencecheck_objects o ON o.id = s.visible_object
   LEFT JOIN fencecheck_gateway_objects g ON g.object = s.visible_object
  WHERE s.scope = ?1";
 
 pub(crate) const POSTGRES_HEAD: &str = "
-SELECT s.version, s.published_at_ms, o.id, o.name, g.length, g.content_type
+SELECT s.version, s.published_at_ms, o.id, o.name, g.length, g.content_type, g.etag
   FROM fencecheck_scopes s
   LEFT JOIN fencecheck_objects o ON o.id = s.visible_object
   LEFT JOIN fencecheck_gateway_objects g ON g.object = s.visible_object
@@ -144,7 +155,7 @@ SELECT s.version, s.published_at_ms, o.id, o.name, g.length, g.content_type
 /// One page of visible blobs, by key (byte order), from `lower` (exclusive
 /// if `after`), under `upper` if any.
 pub(crate) const SQLITE_LIST: &str = "
-SELECT s.scope, s.version, s.published_at_ms, o.name, g.length, g.content_type
+SELECT s.scope, s.version, s.published_at_ms, o.name, g.length, g.content_type, g.etag
   FROM fencecheck_scopes s
   JOIN fencecheck_objects o ON o.id = s.visible_object
   LEFT JOIN fencecheck_gateway_objects g ON g.object = s.visible_object
@@ -154,7 +165,7 @@ SELECT s.scope, s.version, s.published_at_ms, o.name, g.length, g.content_type
  LIMIT ?4";
 
 pub(crate) const POSTGRES_LIST: &str = "
-SELECT s.scope, s.version, s.published_at_ms, o.name, g.length, g.content_type
+SELECT s.scope, s.version, s.published_at_ms, o.name, g.length, g.content_type, g.etag
   FROM fencecheck_scopes s
   JOIN fencecheck_objects o ON o.id = s.visible_object
   LEFT JOIN fencecheck_gateway_objects g ON g.object = s.visible_object

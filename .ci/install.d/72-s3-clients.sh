@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# The gateway's S3 front is tested with the clients people use
+# (host/gateway/tests/s3.rs): boto3 and aws-cli from PyPI, pinned to one
+# botocore; rclone from Debian.
+set -euo pipefail
+python3 -m pip install --disable-pip-version-check --root-user-action=ignore -q \
+    "boto3==1.43.11" "botocore==1.43.11" "awscli==1.45.11" "s3transfer==0.17.0"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update
+apt-get install -y --no-install-recommends rclone
+rclone version | head -1
+aws --version

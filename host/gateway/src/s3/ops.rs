@@ -1,0 +1,1162 @@
+//! The S3 operations, over the gateway's store and blobs. A write is the
+//! `/objects` pipeline (early check → stage → stream the body into a new
+//! blob → the fenced publish, which decides again), with S3's spelling:
+//! the token from `Fence-Token` or `x-amz-meta-fence-token`, MD5 ETags,
+//! the scope's version as `x-amz-version-id`, S3 XML errors.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use base64::Engine;
+use bytes::Bytes;
+use fencecheck::{
+    CheckError, Decision, MAX_OP_ID_BYTES, MAX_SCOPE_BYTES, Policy, Request, SignedCheckError,
+    SignedOutcome, SignedTokenText,
+};
+use fencecheck_sqlite::{ObjectId, Rejection};
+use http::{HeaderMap, HeaderValue, StatusCode};
+use md5::{Digest, Md5};
+use s3s::checksum::ChecksumHasher;
+use s3s::dto::{
+    Bucket, Checksum, ChecksumAlgorithm, CommonPrefix, DeleteObjectInput, DeleteObjectOutput, ETag,
+    ETagCondition, GetBucketLocationInput, GetBucketLocationOutput, GetObjectInput,
+    GetObjectOutput, HeadBucketInput, HeadBucketOutput, HeadObjectInput, HeadObjectOutput,
+    ListBucketsInput, ListBucketsOutput, ListObjectsV2Input, ListObjectsV2Output, Metadata, Object,
+    ObjectStorageClass, PutObjectInput, PutObjectOutput, StreamingBlob, Timestamp,
+};
+use s3s::{S3, S3Error, S3ErrorCode, S3Request, S3Response, S3Result};
+use tokio::sync::mpsc;
+
+use super::{Tallied, error};
+use crate::auth::{Principal, Right};
+use crate::blobs::Written;
+use crate::http::conditional::WriteConditions;
+use crate::http::objects::{Published, Write, cleanup, decide_early, publish_fenced};
+use crate::http::reply::token_text;
+use crate::http::{Core, Failure};
+use crate::key::check_decoded;
+use crate::store::{Current, Kind, Meta};
+
+const DEFAULT_TYPE: &str = "application/octet-stream";
+const MAX_CONTENT_TYPE: usize = 256;
+/// Largest page of a listing (S3's own bound).
+const LIST_MAX: usize = 1000;
+
+/// The S3 operations of one gateway.
+pub(crate) struct Objects {
+    pub(super) core: Arc<Core>,
+    pub(super) buckets: Arc<[String]>,
+}
+
+impl Objects {
+    pub fn new(core: Arc<Core>, buckets: Arc<[String]>) -> Self {
+        Self { core, buckets }
+    }
+
+    /// The principal that signed `req` (s3s verified the signature).
+    pub(super) fn principal<T>(&self, req: &S3Request<T>) -> S3Result<Arc<Principal>> {
+        let Some(credentials) = req.credentials.as_ref() else {
+            return Err(error(
+                S3ErrorCode::AccessDenied,
+                "sign the request (AWS Signature V4)",
+            ));
+        };
+        let principal = self
+            .core
+            .auth
+            .s3_key(&credentials.access_key)
+            .map(|(p, _)| p)
+            // Reloaded away between the signature check and now.
+            .ok_or_else(|| {
+                error(
+                    S3ErrorCode::InvalidAccessKeyId,
+                    "the access key id is not known",
+                )
+            })?;
+        note(req, |t| t.principal = Some(principal.name.clone()));
+        Ok(principal)
+    }
+
+    /// Refuse unless `principal` holds `right` on `scope`.
+    pub(super) fn authorize(principal: &Principal, right: Right, scope: &str) -> S3Result<()> {
+        if principal.may(right, scope) {
+            return Ok(());
+        }
+        Err(error(
+            S3ErrorCode::AccessDenied,
+            format!(
+                "principal {:?} has no {} right on this key",
+                principal.name,
+                right.name()
+            ),
+        ))
+    }
+
+    pub(super) fn bucket(&self, bucket: &str) -> S3Result<()> {
+        if self.buckets.iter().any(|b| b == bucket) {
+            Ok(())
+        } else {
+            Err(error(
+                S3ErrorCode::NoSuchBucket,
+                "not a bucket of this gateway (--bucket)",
+            ))
+        }
+    }
+
+    /// The fenced key of `bucket`/`key`: the rules of `/objects` keys.
+    pub(super) fn scope(&self, bucket: &str, key: &str) -> S3Result<String> {
+        self.bucket(bucket)?;
+        check_decoded(key).map_err(|e| {
+            let code = if key.len() > MAX_SCOPE_BYTES {
+                S3ErrorCode::KeyTooLongError
+            } else {
+                S3ErrorCode::InvalidArgument
+            };
+            error(code, e.to_string())
+        })?;
+        let scope = format!("{bucket}/{key}");
+        if scope.len() > MAX_SCOPE_BYTES {
+            return Err(error(
+                S3ErrorCode::KeyTooLongError,
+                "bucket/key is over 1024 bytes",
+            ));
+        }
+        Ok(scope)
+    }
+
+    /// The key's visible body, or NoSuchKey.
+    pub(super) async fn visible(&self, scope: &str) -> S3Result<Current> {
+        let head = match self.core.store.head_here(scope) {
+            Some(head) => head,
+            None => {
+                let s = scope.to_owned();
+                self.core
+                    .work(true, move |store| store.head(&s))
+                    .await
+                    .map_err(|f| failure(&f))?
+            }
+        };
+        match head.visible {
+            Some(c) if c.kind == Kind::Blob => Ok(c),
+            _ => Err(error(S3ErrorCode::NoSuchKey, "no visible object")),
+        }
+    }
+
+    /// A read: authorized, visible, the version asked for, preconditions.
+    async fn read<T>(
+        &self,
+        req: &S3Request<T>,
+        bucket: &str,
+        key: &str,
+        version_id: Option<&str>,
+        if_match: Option<&ETagCondition>,
+        if_none_match: Option<&ETagCondition>,
+    ) -> S3Result<Current> {
+        note(req, |t| t.op = Some("get"));
+        let principal = self.principal(req)?;
+        let scope = self.scope(bucket, key)?;
+        Self::authorize(&principal, Right::Read, &scope)?;
+        let current = self.visible(&scope).await?;
+        if version_id.is_some_and(|v| v != current.version.to_string()) {
+            return Err(error(
+                S3ErrorCode::NoSuchVersion,
+                "only the visible version is kept",
+            ));
+        }
+        let tag = s3_etag(&current);
+        if if_match.is_some_and(|c| !matches(c, &tag)) {
+            return Err(error(
+                S3ErrorCode::PreconditionFailed,
+                "If-Match does not name the current ETag",
+            ));
+        }
+        if if_none_match.is_some_and(|c| matches(c, &tag)) {
+            return Err(S3Error::new(S3ErrorCode::NotModified));
+        }
+        Ok(current)
+    }
+}
+
+/// Record facts for the log line and the metrics.
+pub(super) fn note<T>(req: &S3Request<T>, f: impl FnOnce(&mut super::Tally)) {
+    if let Some(mut t) = req.extensions.get::<Tallied>().and_then(|t| t.lock().ok()) {
+        f(&mut t);
+    }
+}
+
+/// The S3 ETag of a visible object: its MD5 (or multipart form) if written
+/// through the S3 front, else its `/objects` ETag (the version).
+pub(super) fn s3_etag(current: &Current) -> String {
+    current
+        .etag
+        .clone()
+        .unwrap_or_else(|| current.version.to_string())
+}
+
+fn matches(condition: &ETagCondition, tag: &str) -> bool {
+    match condition.as_etag() {
+        None => true,
+        Some(etag) => etag.value() == tag,
+    }
+}
+
+pub(super) fn failure(f: &Failure) -> S3Error {
+    match f {
+        Failure::Overloaded => {
+            let mut e = error(
+                S3ErrorCode::SlowDown,
+                "no storage slot free (--max-in-flight); retry",
+            );
+            e.set_status_code(StatusCode::SERVICE_UNAVAILABLE);
+            e
+        }
+        Failure::Store(e) => storage(e),
+    }
+}
+
+pub(super) fn storage(e: &crate::error::Error) -> S3Error {
+    tracing::warn!(error = %e, "S3 request: storage failed");
+    let mut out = error(
+        S3ErrorCode::ServiceUnavailable,
+        format!("storage is unavailable: {e}"),
+    );
+    out.set_status_code(StatusCode::SERVICE_UNAVAILABLE);
+    out
+}
+
+/// An S3 error of the fence's own, with its status.
+fn fence_error(code: &'static str, status: StatusCode, message: String) -> S3Error {
+    let mut e = S3Error::with_message(S3ErrorCode::Custom(code.into()), message);
+    e.set_status_code(status);
+    e
+}
+
+pub(super) fn missing_token() -> S3Error {
+    fence_error(
+        "MissingFenceToken",
+        StatusCode::PRECONDITION_REQUIRED,
+        "a Fence-Token (or x-amz-meta-fence-token) header is required".into(),
+    )
+}
+
+fn stale(presented: fencecheck::Token, highest: fencecheck::Token) -> S3Error {
+    let (presented, highest) = (token_text(presented), token_text(highest));
+    let mut e = fence_error(
+        "StaleFence",
+        StatusCode::CONFLICT,
+        format!(
+            "a newer fencing token has written this key (presented {presented}, highest {highest}); stop, do not retry under this token"
+        ),
+    );
+    let mut headers = HeaderMap::new();
+    for (name, value) in [
+        ("fence-token-presented", presented),
+        ("fence-token-highest", highest),
+    ] {
+        if let Ok(v) = HeaderValue::from_str(&value) {
+            headers.insert(name, v);
+        }
+    }
+    e.set_headers(headers);
+    e
+}
+
+fn refused(e: &CheckError) -> S3Error {
+    match e {
+        CheckError::InvalidRequest(_) | CheckError::ForeignAuthority { .. } => {
+            error(S3ErrorCode::InvalidArgument, format!("{e:?}"))
+        }
+        // The stored state is unusable: fail closed, not retryable.
+        _ => fence_error(
+            "FenceStateRefused",
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("{e:?}"),
+        ),
+    }
+}
+
+/// The answer to a decision that did not apply (never a duplicate).
+pub(super) fn rejected(r: &Rejection) -> (S3Error, &'static str) {
+    match r {
+        Rejection::StaleFence { presented, highest } => {
+            (stale(*presented, *highest), "stale-fence")
+        }
+        Rejection::VersionConflict { .. } | Rejection::Duplicate { .. } => (
+            error(
+                S3ErrorCode::PreconditionFailed,
+                "the precondition (If-Match / If-None-Match) no longer holds",
+            ),
+            "version-conflict",
+        ),
+        Rejection::Refused(e) => (refused(e), "refused"),
+        Rejection::Unauthenticated(f) => (
+            fence_error(
+                "FenceUnauthenticated",
+                StatusCode::FORBIDDEN,
+                format!(
+                    "this key requires a Fence-Token signed by its authority ({})",
+                    f.name()
+                ),
+            ),
+            "unauthenticated",
+        ),
+        Rejection::InvalidKeys(p) => (
+            fence_error(
+                "InvalidFenceKeys",
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("the key's signing keys are unusable: {p:?}"),
+            ),
+            "invalid-keys",
+        ),
+    }
+}
+
+/// The early check's verdict, if it stops the write.
+pub(super) fn early_stop(outcome: &SignedOutcome) -> Option<(S3Error, &'static str)> {
+    match outcome {
+        Ok(Decision::StaleFence { presented, highest }) => {
+            Some((stale(*presented, *highest), "stale-fence"))
+        }
+        Err(SignedCheckError::Check(e)) => Some((refused(e), "refused")),
+        Err(SignedCheckError::Unauthenticated(f)) => {
+            Some(rejected(&Rejection::Unauthenticated(*f)))
+        }
+        Err(SignedCheckError::InvalidKeys(p)) => Some(rejected(&Rejection::InvalidKeys(*p))),
+        _ => None,
+    }
+}
+
+/// One header's value, if sent once.
+fn one_header<'a>(headers: &'a HeaderMap, name: &str) -> S3Result<Option<&'a str>> {
+    let mut values = headers.get_all(name).iter();
+    let Some(value) = values.next() else {
+        return Ok(None);
+    };
+    if values.next().is_some() {
+        return Err(error(
+            S3ErrorCode::InvalidArgument,
+            format!("more than one {name} header"),
+        ));
+    }
+    value.to_str().map(Some).map_err(|_| {
+        error(
+            S3ErrorCode::InvalidArgument,
+            format!("{name} must be visible ASCII"),
+        )
+    })
+}
+
+/// The fencing token: the `Fence-Token` header, or `x-amz-meta-fence-token`
+/// (what every SDK can set without hooks); both must agree if both are sent.
+pub(super) fn fence_token(
+    headers: &HeaderMap,
+    metadata: Option<&Metadata>,
+) -> S3Result<SignedTokenText> {
+    let header = one_header(headers, "fence-token")?;
+    let meta = metadata
+        .and_then(|m| m.get("fence-token"))
+        .map(String::as_str);
+    let text = match (header, meta) {
+        (Some(h), Some(m)) if h.trim() != m.trim() => {
+            return Err(error(
+                S3ErrorCode::InvalidArgument,
+                "Fence-Token and x-amz-meta-fence-token differ",
+            ));
+        }
+        (Some(t), _) | (None, Some(t)) => t,
+        (None, None) => return Err(missing_token()),
+    };
+    text.trim().parse::<SignedTokenText>().map_err(|_| {
+        error(
+            S3ErrorCode::InvalidArgument,
+            "Fence-Token must be EPOCH.COUNTER or AUTHORITY:EPOCH.COUNTER, signed: TOKEN~KEY-ID~LEASE~TAG",
+        )
+    })
+}
+
+/// The fenced request of a write. Guarded writes (an Idempotency-Key or a
+/// precondition) may repeat a grant's token; others may not (design §3).
+pub(super) fn write_request(
+    scope: &str,
+    presented: SignedTokenText,
+    headers: &HeaderMap,
+    guarded: bool,
+) -> S3Result<Write> {
+    let op_id = match one_header(headers, "idempotency-key")? {
+        None => None,
+        Some(s) if !s.is_empty() && s.len() <= MAX_OP_ID_BYTES => Some(s.to_owned()),
+        Some(_) => {
+            return Err(error(
+                S3ErrorCode::InvalidArgument,
+                "Idempotency-Key must be 1 to 256 bytes of visible ASCII",
+            ));
+        }
+    };
+    let policy = if op_id.is_some() || guarded {
+        Policy::AllowEqual
+    } else {
+        Policy::Strict
+    };
+    let mut request = Request::new(scope, presented.token, policy);
+    request.signature = presented.signature;
+    if let Some(op_id) = op_id {
+        request = request.with_op_id(op_id);
+    }
+    Ok(Write {
+        fence: token_text(request.token),
+        request,
+        conditions: WriteConditions::default(),
+    })
+}
+
+/// A body taken into a blob: its length and SHA-256, MD5, checksums.
+pub(super) struct Received {
+    pub written: Written,
+    pub md5: [u8; 16],
+    pub checksum: Checksum,
+}
+
+/// The checksums a request declares (headers, or trailers after the body).
+#[derive(Default)]
+pub(super) struct Declared {
+    pub algorithm: Option<ChecksumAlgorithm>,
+    pub checksum: Checksum,
+}
+
+impl Declared {
+    fn hasher(&self) -> S3Result<ChecksumHasher> {
+        let mut h = ChecksumHasher::default();
+        let c = &self.checksum;
+        if c.checksum_crc32.is_some() {
+            h.crc32 = Some(Default::default());
+        }
+        if c.checksum_crc32c.is_some() {
+            h.crc32c = Some(Default::default());
+        }
+        if c.checksum_sha1.is_some() {
+            h.sha1 = Some(Default::default());
+        }
+        if c.checksum_sha256.is_some() {
+            h.sha256 = Some(Default::default());
+        }
+        if c.checksum_crc64nvme.is_some() {
+            h.crc64nvme = Some(Default::default());
+        }
+        if let Some(alg) = &self.algorithm {
+            match alg.as_str() {
+                ChecksumAlgorithm::CRC32 => h.crc32 = Some(Default::default()),
+                ChecksumAlgorithm::CRC32C => h.crc32c = Some(Default::default()),
+                ChecksumAlgorithm::SHA1 => h.sha1 = Some(Default::default()),
+                ChecksumAlgorithm::SHA256 => h.sha256 = Some(Default::default()),
+                ChecksumAlgorithm::CRC64NVME => h.crc64nvme = Some(Default::default()),
+                other => {
+                    return Err(error(
+                        S3ErrorCode::InvalidArgument,
+                        format!("checksum algorithm {other} is not supported"),
+                    ));
+                }
+            }
+        }
+        Ok(h)
+    }
+
+    /// Values that came as trailers of an aws-chunked body.
+    fn add_trailers(&mut self, trailers: Option<&s3s::TrailingHeaders>) -> S3Result<()> {
+        let Some(trailers) = trailers.and_then(|t| t.take()) else {
+            return Ok(());
+        };
+        let c = &mut self.checksum;
+        for (name, slot) in [
+            ("x-amz-checksum-crc32", &mut c.checksum_crc32),
+            ("x-amz-checksum-crc32c", &mut c.checksum_crc32c),
+            ("x-amz-checksum-sha1", &mut c.checksum_sha1),
+            ("x-amz-checksum-sha256", &mut c.checksum_sha256),
+            ("x-amz-checksum-crc64nvme", &mut c.checksum_crc64nvme),
+        ] {
+            if let Some(v) = trailers.get(name) {
+                let v = v.to_str().map_err(|_| {
+                    error(
+                        S3ErrorCode::InvalidArgument,
+                        format!("trailer {name} is not ASCII"),
+                    )
+                })?;
+                *slot = Some(v.to_owned());
+            }
+        }
+        Ok(())
+    }
+
+    /// Every declared value must be the computed one.
+    fn verify(&self, computed: &Checksum) -> S3Result<()> {
+        let d = &self.checksum;
+        for (name, declared, got) in [
+            ("CRC32", &d.checksum_crc32, &computed.checksum_crc32),
+            ("CRC32C", &d.checksum_crc32c, &computed.checksum_crc32c),
+            ("SHA1", &d.checksum_sha1, &computed.checksum_sha1),
+            ("SHA256", &d.checksum_sha256, &computed.checksum_sha256),
+            (
+                "CRC64NVME",
+                &d.checksum_crc64nvme,
+                &computed.checksum_crc64nvme,
+            ),
+        ] {
+            if let Some(declared) = declared
+                && got.as_ref() != Some(declared)
+            {
+                return Err(error(
+                    S3ErrorCode::BadDigest,
+                    format!("the {name} checksum of the body differs from the one sent"),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Stream `body` into `object`'s blob, bounded by `--max-body`, hashing on
+/// the way; then check Content-MD5, the checksums and the length. On any
+/// failure the caller drops the object.
+pub(super) async fn receive(
+    core: &Core,
+    object: ObjectId,
+    body: StreamingBlob,
+    declared_length: Option<i64>,
+    content_md5: Option<&str>,
+    mut declared: Declared,
+    trailers: Option<&s3s::TrailingHeaders>,
+) -> S3Result<Received> {
+    use futures_util::StreamExt;
+    let max = core.config.max_body;
+    let length = declared_length.and_then(|n| u64::try_from(n).ok());
+    if length.is_some_and(|n| n > max) {
+        return Err(error(
+            S3ErrorCode::EntityTooLarge,
+            "the body is over --max-body",
+        ));
+    }
+    let mut hasher = declared.hasher()?;
+    let mut md5 = Md5::new();
+    let mut writer = core
+        .blobs
+        .create(object, length)
+        .await
+        .map_err(|e| storage(&e))?;
+    let mut body = body;
+    let mut taken = 0u64;
+    while let Some(chunk) = body.next().await {
+        let chunk: Bytes = chunk.map_err(|e| {
+            error(
+                S3ErrorCode::IncompleteBody,
+                format!("the request body could not be read: {e}"),
+            )
+        })?;
+        taken += chunk.len() as u64;
+        if taken > max {
+            return Err(error(
+                S3ErrorCode::EntityTooLarge,
+                "the body is over --max-body",
+            ));
+        }
+        md5.update(&chunk);
+        hasher.update(&chunk);
+        writer.write(chunk).await.map_err(|e| storage(&e))?;
+    }
+    if length.is_some_and(|n| n != taken) {
+        return Err(error(
+            S3ErrorCode::IncompleteBody,
+            "the body's length differs from Content-Length",
+        ));
+    }
+    let md5: [u8; 16] = md5.finalize().into();
+    if let Some(sent) = content_md5 {
+        let sent = base64::engine::general_purpose::STANDARD
+            .decode(sent.trim())
+            .map_err(|_| error(S3ErrorCode::InvalidDigest, "Content-MD5 is not base64"))?;
+        if sent[..] != md5[..] {
+            return Err(error(
+                S3ErrorCode::BadDigest,
+                "the Content-MD5 you specified did not match what we received",
+            ));
+        }
+    }
+    declared.add_trailers(trailers)?;
+    let checksum = hasher.finalize();
+    declared.verify(&checksum)?;
+    let written = core.blobs.finish(writer).await.map_err(|e| storage(&e))?;
+    Ok(Received {
+        written,
+        md5,
+        checksum,
+    })
+}
+
+pub(super) fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn content_type(value: Option<String>) -> S3Result<String> {
+    match value {
+        None => Ok(DEFAULT_TYPE.to_owned()),
+        Some(t) if !t.is_empty() && t.len() <= MAX_CONTENT_TYPE => Ok(t),
+        Some(_) => Err(error(
+            S3ErrorCode::InvalidArgument,
+            "Content-Type must be 1 to 256 bytes",
+        )),
+    }
+}
+
+/// What a publish came to, as S3 answers it: the version and token, or
+/// the error (with the metrics' outcome recorded).
+pub(super) async fn answer_publish<T>(
+    core: &Core,
+    req: &S3Request<T>,
+    write: &Write,
+    object: ObjectId,
+    meta: Meta,
+) -> S3Result<(u64, String)> {
+    match publish_fenced(core, write, object, meta).await {
+        Published::Applied { version, highest } => {
+            note(req, |t| t.outcome = Some("applied"));
+            Ok((version, token_text(highest)))
+        }
+        Published::Duplicate { version, reused } => {
+            if reused {
+                note(req, |t| t.outcome = Some("duplicate"));
+                return Err(fence_error(
+                    "IdempotencyKeyReused",
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    format!(
+                        "this Idempotency-Key was applied (version {version}) with a different body; nothing was changed"
+                    ),
+                ));
+            }
+            note(req, |t| t.outcome = Some("duplicate"));
+            Ok((version, write.fence.clone()))
+        }
+        Published::Rejected(r) => {
+            let (e, outcome) = rejected(&r);
+            note(req, |t| t.outcome = Some(outcome));
+            Err(e)
+        }
+        Published::CommitUnknown(e) => {
+            tracing::warn!(error = %e, key = %write.request.scope, "S3 commit outcome unknown");
+            Err(fence_error(
+                "CommitUnknown",
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the database connection failed while the publish was committing: it may or may not have been published; retry with the same Fence-Token and Idempotency-Key, or read the key before deciding".into(),
+            ))
+        }
+        Published::Failed(f) => Err(failure(&f)),
+    }
+}
+
+fn with_fence<T>(output: T, fence: &str) -> S3Response<T> {
+    let mut response = S3Response::new(output);
+    if let Ok(v) = HeaderValue::from_str(fence) {
+        response.headers.insert("fence-token", v);
+    }
+    response
+}
+
+/// The blob's bytes `[start, end]` as a body: a task reads, a channel
+/// carries (the blob reader is not `Sync`; s3s bodies must be).
+async fn blob_body(
+    core: &Core,
+    current: &Current,
+    wanted: Option<(u64, u64)>,
+    length: u64,
+) -> S3Result<Option<StreamingBlob>> {
+    let reader = match core.blobs.open(current.object, wanted).await {
+        Ok(Some((reader, total))) if total == length => reader,
+        Ok(Some(_)) => {
+            return Err(storage(&crate::error::Error::Upstream {
+                doing: "reading a blob",
+                detail: "its length differs from the recorded one".into(),
+            }));
+        }
+        Ok(None) => return Ok(None),
+        Err(e) => return Err(storage(&e)),
+    };
+    let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(2);
+    let blobs = core.blobs.clone();
+    tokio::spawn(async move {
+        let mut reader = reader;
+        let mut buf = vec![0u8; 64 << 10];
+        while reader.left() > 0 {
+            let next = match reader.next(&mut buf).await {
+                Ok(Some(chunk)) => Ok(chunk),
+                Ok(None) => Err(std::io::Error::other("the blob is shorter than recorded")),
+                Err(e) => Err(std::io::Error::other(e.to_string())),
+            };
+            let failed = next.is_err();
+            if tx.send(next).await.is_err() || failed {
+                return;
+            }
+        }
+        blobs.done(reader).await;
+    });
+    Ok(Some(StreamingBlob::wrap(Channel(rx))))
+}
+
+/// A channel's receiving end as a stream.
+pub(super) struct Channel<T>(pub mpsc::Receiver<T>);
+
+impl<T> futures_util::Stream for Channel<T> {
+    type Item = T;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<T>> {
+        self.0.poll_recv(cx)
+    }
+}
+
+fn fence_metadata(current: &Current) -> Metadata {
+    let mut m = Metadata::new();
+    m.insert("fence-token".to_owned(), current.fence.clone());
+    m
+}
+
+/// The continuation token of a listing: where the next page starts.
+fn continuation(after: &str) -> String {
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(after.as_bytes())
+}
+
+#[async_trait::async_trait]
+impl S3 for Objects {
+    async fn put_object(
+        &self,
+        req: S3Request<PutObjectInput>,
+    ) -> S3Result<S3Response<PutObjectOutput>> {
+        note(&req, |t| t.op = Some("put"));
+        let principal = self.principal(&req)?;
+        let input = &req.input;
+        let scope = self.scope(&input.bucket, &input.key)?;
+        Self::authorize(&principal, Right::Write, &scope)?;
+        let presented = match fence_token(&req.headers, input.metadata.as_ref()) {
+            Ok(t) => t,
+            Err(e) => {
+                note(&req, |t| t.outcome = Some("missing-token"));
+                return Err(e);
+            }
+        };
+        let guarded = input.if_match.is_some() || input.if_none_match.is_some();
+        let write = write_request(&scope, presented, &req.headers, guarded)?;
+        note(&req, |t| t.epoch = Some(write.request.token.epoch));
+        let content_type = content_type(input.content_type.clone())?;
+        let (outcome, head, write) = decide_early(&self.core, write, guarded)
+            .await
+            .map_err(|f| failure(&f))?;
+        if let Some((e, outcome)) = early_stop(&outcome) {
+            note(&req, |t| t.outcome = Some(outcome));
+            return Err(e);
+        }
+        let visible = head.visible.as_ref().filter(|c| c.kind == Kind::Blob);
+        let precondition = match (&input.if_match, &input.if_none_match, visible) {
+            (_, Some(c), Some(v)) if matches(c, &s3_etag(v)) => false,
+            (Some(_), _, None) => false,
+            (Some(c), _, Some(v)) => matches(c, &s3_etag(v)),
+            _ => true,
+        };
+        if !precondition && !matches!(outcome, Ok(Decision::Duplicate { .. })) {
+            note(&req, |t| t.outcome = Some("version-conflict"));
+            return Err(error(
+                S3ErrorCode::PreconditionFailed,
+                "If-Match / If-None-Match does not hold for the current object",
+            ));
+        }
+        let fence = write.fence.clone();
+        let s = scope.clone();
+        let object = self
+            .core
+            .work(false, move |store| store.stage(&s, Kind::Blob, &fence))
+            .await
+            .map_err(|f| failure(&f))?;
+        let mut req = req;
+        let Some(body) = req.input.body.take() else {
+            cleanup(&self.core, object).await;
+            return Err(error(S3ErrorCode::IncompleteBody, "no body"));
+        };
+        let input = &req.input;
+        let declared = Declared {
+            algorithm: input.checksum_algorithm.clone(),
+            checksum: Checksum {
+                checksum_crc32: input.checksum_crc32.clone(),
+                checksum_crc32c: input.checksum_crc32c.clone(),
+                checksum_sha1: input.checksum_sha1.clone(),
+                checksum_sha256: input.checksum_sha256.clone(),
+                checksum_crc64nvme: input.checksum_crc64nvme.clone(),
+                ..Default::default()
+            },
+        };
+        let received = match receive(
+            &self.core,
+            object,
+            body,
+            input.content_length,
+            input.content_md5.as_deref(),
+            declared,
+            req.trailing_headers.as_ref(),
+        )
+        .await
+        {
+            Ok(r) => r,
+            Err(e) => {
+                cleanup(&self.core, object).await;
+                return Err(e);
+            }
+        };
+        let etag = hex(&received.md5);
+        let meta = Meta {
+            length: received.written.length,
+            sha256: received.written.sha256,
+            content_type,
+            op_id: write.request.op_id.clone(),
+            etag: Some(etag.clone()),
+        };
+        let (version, fence) = answer_publish(&self.core, &req, &write, object, meta).await?;
+        let c = received.checksum;
+        let output = PutObjectOutput {
+            e_tag: Some(ETag::Strong(etag)),
+            version_id: Some(version.to_string()),
+            checksum_crc32: c.checksum_crc32,
+            checksum_crc32c: c.checksum_crc32c,
+            checksum_sha1: c.checksum_sha1,
+            checksum_sha256: c.checksum_sha256,
+            checksum_crc64nvme: c.checksum_crc64nvme,
+            size: i64::try_from(received.written.length).ok(),
+            ..Default::default()
+        };
+        Ok(with_fence(output, &fence))
+    }
+
+    async fn get_object(
+        &self,
+        req: S3Request<GetObjectInput>,
+    ) -> S3Result<S3Response<GetObjectOutput>> {
+        let input = &req.input;
+        // The collector may delete a blob just replaced after the pointer
+        // was read; reading the pointer again finds the newer one. The same
+        // object twice with no blob is a missing blob.
+        let mut previous: Option<ObjectId> = None;
+        loop {
+            let current = self
+                .read(
+                    &req,
+                    &input.bucket,
+                    &input.key,
+                    input.version_id.as_deref(),
+                    input.if_match.as_ref(),
+                    input.if_none_match.as_ref(),
+                )
+                .await?;
+            if previous == Some(current.object) {
+                tracing::error!(key = %input.key, object = current.object.get(), "the visible object's blob is missing");
+                return Err(error(
+                    S3ErrorCode::InternalError,
+                    "the key's visible object has no blob (lost in a crash, or removed outside the gateway)",
+                ));
+            }
+            previous = Some(current.object);
+            let length = match current.length {
+                Some(n) => Some(n),
+                None => self
+                    .core
+                    .blobs
+                    .size(current.object)
+                    .await
+                    .map_err(|e| storage(&e))?,
+            };
+            let Some(length) = length else { continue };
+            let range = match &input.range {
+                None => None,
+                Some(r) => match r.check(length) {
+                    Ok(span) if span.end > span.start => Some((span.start, span.end - 1)),
+                    _ => {
+                        return Err(error(
+                            S3ErrorCode::InvalidRange,
+                            format!("the range is outside the object ({length} bytes)"),
+                        ));
+                    }
+                },
+            };
+            let sending = range.map_or(length, |(s, e)| e - s + 1);
+            let body = if sending == 0 {
+                Some(StreamingBlob::wrap(futures_util::stream::empty::<
+                    Result<Bytes, std::io::Error>,
+                >()))
+            } else {
+                match blob_body(&self.core, &current, range, length).await? {
+                    Some(body) => Some(body),
+                    None => continue,
+                }
+            };
+            note(&req, |t| t.outcome = Some("ok"));
+            let output = GetObjectOutput {
+                body,
+                accept_ranges: Some("bytes".to_owned()),
+                content_length: i64::try_from(sending).ok(),
+                content_range: range.map(|(s, e)| format!("bytes {s}-{e}/{length}")),
+                content_type: Some(
+                    current
+                        .content_type
+                        .clone()
+                        .unwrap_or_else(|| DEFAULT_TYPE.to_owned()),
+                ),
+                e_tag: Some(ETag::Strong(s3_etag(&current))),
+                last_modified: Some(Timestamp::from(current.published_at)),
+                version_id: Some(current.version.to_string()),
+                metadata: Some(fence_metadata(&current)),
+                ..Default::default()
+            };
+            return Ok(with_fence(output, &current.fence));
+        }
+    }
+
+    async fn head_object(
+        &self,
+        req: S3Request<HeadObjectInput>,
+    ) -> S3Result<S3Response<HeadObjectOutput>> {
+        let input = &req.input;
+        let current = self
+            .read(
+                &req,
+                &input.bucket,
+                &input.key,
+                input.version_id.as_deref(),
+                input.if_match.as_ref(),
+                input.if_none_match.as_ref(),
+            )
+            .await?;
+        let length = match current.length {
+            Some(n) => Some(n),
+            None => self
+                .core
+                .blobs
+                .size(current.object)
+                .await
+                .map_err(|e| storage(&e))?,
+        };
+        note(&req, |t| t.outcome = Some("ok"));
+        let output = HeadObjectOutput {
+            accept_ranges: Some("bytes".to_owned()),
+            content_length: length.and_then(|n| i64::try_from(n).ok()),
+            content_type: Some(
+                current
+                    .content_type
+                    .clone()
+                    .unwrap_or_else(|| DEFAULT_TYPE.to_owned()),
+            ),
+            e_tag: Some(ETag::Strong(s3_etag(&current))),
+            last_modified: Some(Timestamp::from(current.published_at)),
+            version_id: Some(current.version.to_string()),
+            metadata: Some(fence_metadata(&current)),
+            ..Default::default()
+        };
+        Ok(with_fence(output, &current.fence))
+    }
+
+    async fn delete_object(
+        &self,
+        req: S3Request<DeleteObjectInput>,
+    ) -> S3Result<S3Response<DeleteObjectOutput>> {
+        note(&req, |t| t.op = Some("delete"));
+        let principal = self.principal(&req)?;
+        let input = &req.input;
+        let scope = self.scope(&input.bucket, &input.key)?;
+        Self::authorize(&principal, Right::Write, &scope)?;
+        let presented = match fence_token(&req.headers, None) {
+            Ok(t) => t,
+            Err(e) => {
+                note(&req, |t| t.outcome = Some("missing-token"));
+                return Err(e);
+            }
+        };
+        let write = write_request(&scope, presented, &req.headers, false)?;
+        note(&req, |t| t.epoch = Some(write.request.token.epoch));
+        let (outcome, _head, write) = decide_early(&self.core, write, false)
+            .await
+            .map_err(|f| failure(&f))?;
+        if let Some((e, outcome)) = early_stop(&outcome) {
+            note(&req, |t| t.outcome = Some(outcome));
+            return Err(e);
+        }
+        let fence = write.fence.clone();
+        let object = self
+            .core
+            .work(false, move |store| {
+                store.stage(&scope, Kind::Tombstone, &fence)
+            })
+            .await
+            .map_err(|f| failure(&f))?;
+        let meta = Meta {
+            length: 0,
+            sha256: [0; 32],
+            content_type: String::new(),
+            op_id: write.request.op_id.clone(),
+            etag: None,
+        };
+        let (version, fence) = answer_publish(&self.core, &req, &write, object, meta).await?;
+        let output = DeleteObjectOutput {
+            version_id: Some(version.to_string()),
+            ..Default::default()
+        };
+        Ok(with_fence(output, &fence))
+    }
+
+    async fn list_objects_v2(
+        &self,
+        req: S3Request<ListObjectsV2Input>,
+    ) -> S3Result<S3Response<ListObjectsV2Output>> {
+        note(&req, |t| t.op = Some("list"));
+        let principal = self.principal(&req)?;
+        let input = &req.input;
+        self.bucket(&input.bucket)?;
+        let prefix = input.prefix.clone().unwrap_or_default();
+        let base = format!("{}/", input.bucket);
+        let full_prefix = format!("{base}{prefix}");
+        if full_prefix.len() > MAX_SCOPE_BYTES {
+            return Err(error(
+                S3ErrorCode::InvalidArgument,
+                "prefix is over 1024 bytes",
+            ));
+        }
+        Self::authorize(&principal, Right::Read, &full_prefix)?;
+        let max_keys = usize::try_from(input.max_keys.unwrap_or(1000).max(0))
+            .unwrap_or(0)
+            .min(LIST_MAX);
+        let delimiter = input.delimiter.clone().filter(|d| !d.is_empty());
+        // Where to start: the continuation token (a scope, base64), else
+        // start-after, else the prefix.
+        let mut after = match (&input.continuation_token, &input.start_after) {
+            (Some(token), _) => {
+                let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+                    .decode(token)
+                    .ok()
+                    .and_then(|b| String::from_utf8(b).ok())
+                    .filter(|s| s.starts_with(&base))
+                    .ok_or_else(|| {
+                        error(
+                            S3ErrorCode::InvalidArgument,
+                            "the continuation token is not valid",
+                        )
+                    })?;
+                Some(bytes)
+            }
+            (None, Some(start)) => Some(format!("{base}{start}")),
+            (None, None) => None,
+        };
+        let mut contents = Vec::new();
+        let mut prefixes: Vec<CommonPrefix> = Vec::new();
+        let mut truncated = false;
+        'pages: while max_keys > 0 {
+            let (p, a) = (full_prefix.clone(), after.clone());
+            let rows = self
+                .core
+                .work(true, move |s| s.list(&p, a.as_deref(), LIST_MAX))
+                .await
+                .map_err(|f| failure(&f))?;
+            let full = rows.len() == LIST_MAX;
+            for row in rows {
+                let key = row.key.get(base.len()..).unwrap_or_default().to_owned();
+                let rest = key.get(prefix.len()..).unwrap_or_default();
+                let common = delimiter.as_deref().and_then(|d| {
+                    rest.find(d)
+                        .map(|i| key[..prefix.len() + i + d.len()].to_owned())
+                });
+                if contents.len() + prefixes.len() == max_keys {
+                    truncated = true;
+                    break 'pages;
+                }
+                match common {
+                    Some(cp) => {
+                        // Every key under the common prefix sorts before
+                        // this: skip them all with one new query.
+                        after = Some(format!("{base}{cp}\u{10FFFF}"));
+                        prefixes.push(CommonPrefix { prefix: Some(cp) });
+                        continue 'pages;
+                    }
+                    None => {
+                        after = Some(row.key.clone());
+                        contents.push(Object {
+                            key: Some(key),
+                            e_tag: Some(ETag::Strong(
+                                row.etag.clone().unwrap_or_else(|| row.version.to_string()),
+                            )),
+                            last_modified: Some(Timestamp::from(row.published_at)),
+                            size: row.length.and_then(|n| i64::try_from(n).ok()),
+                            storage_class: Some(ObjectStorageClass::from_static(
+                                ObjectStorageClass::STANDARD,
+                            )),
+                            ..Default::default()
+                        });
+                    }
+                }
+            }
+            if !full {
+                break;
+            }
+        }
+        note(&req, |t| t.outcome = Some("ok"));
+        let count = contents.len() + prefixes.len();
+        let output = ListObjectsV2Output {
+            name: Some(input.bucket.clone()),
+            prefix: Some(prefix),
+            delimiter,
+            max_keys: Some(i32::try_from(max_keys).unwrap_or(1000)),
+            key_count: Some(i32::try_from(count).unwrap_or(i32::MAX)),
+            is_truncated: Some(truncated),
+            next_continuation_token: if truncated {
+                after.as_deref().map(continuation)
+            } else {
+                None
+            },
+            continuation_token: input.continuation_token.clone(),
+            start_after: input.start_after.clone(),
+            contents: Some(contents),
+            common_prefixes: if prefixes.is_empty() {
+                None
+            } else {
+                Some(prefixes)
+            },
+            ..Default::default()
+        };
+        Ok(S3Response::new(output))
+    }
+
+    async fn head_bucket(
+        &self,
+        req: S3Request<HeadBucketInput>,
+    ) -> S3Result<S3Response<HeadBucketOutput>> {
+        self.principal(&req)?;
+        self.bucket(&req.input.bucket)?;
+        Ok(S3Response::new(HeadBucketOutput::default()))
+    }
+
+    async fn list_buckets(
+        &self,
+        req: S3Request<ListBucketsInput>,
+    ) -> S3Result<S3Response<ListBucketsOutput>> {
+        self.principal(&req)?;
+        let buckets = self
+            .buckets
+            .iter()
+            .map(|name| Bucket {
+                name: Some(name.clone()),
+                ..Default::default()
+            })
+            .collect();
+        Ok(S3Response::new(ListBucketsOutput {
+            buckets: Some(buckets),
+            ..Default::default()
+        }))
+    }
+
+    async fn get_bucket_location(
+        &self,
+        req: S3Request<GetBucketLocationInput>,
+    ) -> S3Result<S3Response<GetBucketLocationOutput>> {
+        self.principal(&req)?;
+        self.bucket(&req.input.bucket)?;
+        Ok(S3Response::new(GetBucketLocationOutput::default()))
+    }
+}
