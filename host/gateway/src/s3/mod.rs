@@ -59,7 +59,6 @@ fn valid_bucket(name: &str) -> bool {
 /// The S3 front of one gateway.
 pub(crate) struct Front {
     service: S3Service,
-    buckets: Arc<[String]>,
 }
 
 impl Front {
@@ -83,20 +82,21 @@ impl Front {
             }
         }
         let buckets: Arc<[String]> = buckets.into();
-        let mut builder = S3ServiceBuilder::new(ops::Objects::new(core.clone(), buckets.clone()));
+        let mut builder = S3ServiceBuilder::new(ops::Objects::new(core.clone(), buckets));
         builder.set_auth(access::Secrets::new(core.auth.clone()));
         let service = builder.build();
-        Ok(Self { service, buckets })
+        Ok(Self { service })
     }
 
-    /// Whether a request for `path` is the S3 front's: `/` (ListBuckets)
-    /// or a path whose first segment is a configured bucket.
+    /// Whether a request for `path` is the S3 front's: every path but
+    /// the gateway's own API (so a bucket that is not served is S3's
+    /// `NoSuchBucket`, not a bare 404).
     pub fn claims(&self, path: &str) -> bool {
         let Some(rest) = path.strip_prefix('/') else {
             return false;
         };
-        let bucket = rest.split('/').next().unwrap_or("");
-        rest.is_empty() || self.buckets.iter().any(|b| b == bucket)
+        let first = rest.split('/').next().unwrap_or("");
+        !RESERVED.contains(&first)
     }
 
     /// Serve one S3 request: hand it to s3s with a body that keeps the

@@ -1,0 +1,323 @@
+//! The S3 front with the clients people use: boto3 (tests/s3/clients.py),
+//! aws-cli and rclone, against a real gateway on loopback. Tokens come from
+//! the gateway's own lock endpoints; the same keys are read back through
+//! `/objects`, so both surfaces are one fenced store.
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, ensure};
+use common::{Gateway, ROOT_SECRET, sha256_hex};
+use serde_json::json;
+
+const KEY: &str = "AKIAFENCECHECKROOT";
+const SECRET: &str = "rootSecretAccessKey/0123456789abcdefABCDEF";
+const READER_KEY: &str = "AKIAFENCECHECKREAD";
+const READER_SECRET: &str = "readerSecretAccessKey/0123456789abcdefAB";
+
+/// An auth file with `root` (bearer and S3, every right) and `reader` (S3,
+/// read only), mode 600 as the gateway requires of S3 secrets.
+fn s3_auth(data: &Path) -> anyhow::Result<PathBuf> {
+    std::fs::create_dir_all(data)?;
+    let file = data.join("auth.toml");
+    std::fs::write(
+        &file,
+        format!(
+            r#"[[principal]]
+name = "root"
+secret_sha256 = "{}"
+access_key_id = "{KEY}"
+secret_access_key = "{SECRET}"
+read = [""]
+write = [""]
+lock = [""]
+
+[[principal]]
+name = "reader"
+access_key_id = "{READER_KEY}"
+secret_access_key = "{READER_SECRET}"
+read = ["reports/"]
+"#,
+            sha256_hex(ROOT_SECRET)
+        ),
+    )?;
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600))?;
+    Ok(file)
+}
+
+fn start(data: &Path) -> anyhow::Result<Gateway> {
+    let auth = s3_auth(data)?.display().to_string();
+    let mut gw = Gateway::spawn(
+        data,
+        &["--auth", &auth, "--bucket", "reports", "--bucket", "other"],
+        Some(ROOT_SECRET.to_owned()),
+    )?;
+    gw.wait_healthy()?;
+    Ok(gw)
+}
+
+/// A fencing token from the gateway's lock endpoint.
+fn acquire(gw: &Gateway, lock: &str, lease: &str) -> anyhow::Result<String> {
+    let r = gw.request(
+        "POST",
+        &format!("/v1/locks/{lock}/acquire"),
+        &[("Content-Type", "application/json")],
+        json!({"lease_id": lease, "ttl_ms": 60_000})
+            .to_string()
+            .as_bytes(),
+    )?;
+    ensure!(r.status == 200, "acquire: {r:?}");
+    Ok(r.json()?["token"].as_str().context("no token")?.to_owned())
+}
+
+fn release(gw: &Gateway, lock: &str, lease: &str, token: &str) -> anyhow::Result<()> {
+    let r = gw.request(
+        "POST",
+        &format!("/v1/locks/{lock}/release"),
+        &[("Content-Type", "application/json")],
+        json!({"lease_id": lease, "token": token})
+            .to_string()
+            .as_bytes(),
+    )?;
+    ensure!(r.status == 200, "release: {r:?}");
+    Ok(())
+}
+
+/// Run a command; its output if it succeeded, else an error with both.
+fn run(cmd: &mut Command) -> anyhow::Result<String> {
+    let out = cmd.output().with_context(|| format!("running {cmd:?}"))?;
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    ensure!(
+        out.status.success(),
+        "{cmd:?} failed ({}):\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(stdout)
+}
+
+/// One boto3 scenario of tests/s3/clients.py.
+fn boto3(gw: &Gateway, scenario: &str, env: &[(&str, &str)]) -> anyhow::Result<()> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/s3/clients.py");
+    run(Command::new("python3")
+        .arg(script)
+        .arg(scenario)
+        .env("S3_ENDPOINT", format!("http://{}", gw.addr))
+        .env("S3_KEY", KEY)
+        .env("S3_SECRET", SECRET)
+        .env("READER_KEY", READER_KEY)
+        .env("READER_SECRET", READER_SECRET)
+        .envs(env.iter().copied()))?;
+    Ok(())
+}
+
+/// The seed's paused writer over S3: A's lease ends (released here: the
+/// coordinator's own expiry is tested with a fake clock in
+/// host/authority), B acquires a higher token and writes with boto3; A's
+/// boto3 PUT and DELETE with its old token are StaleFence 409, and B's
+/// object is what both surfaces serve.
+#[test]
+fn boto3_paused_writer_is_refused() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let gw = start(dir.path())?;
+    let lock = "reports/paused/report.csv";
+    let a = acquire(&gw, lock, "a")?;
+    release(&gw, lock, "a", &a)?;
+    let b = acquire(&gw, lock, "b")?;
+    boto3(&gw, "paused_writer", &[("TOKEN_A", &a), ("TOKEN_B", &b)])?;
+    // B deleted it at the end: /objects agrees it is gone.
+    let r = gw.request("GET", "/objects/reports/paused/report.csv", &[], b"")?;
+    ensure!(r.status == 404, "{r:?}");
+    Ok(())
+}
+
+/// Bad signatures, secrets, dates, digests, rights, buckets and keys are
+/// refused with S3's errors, and none of those writes leaves a blob.
+#[test]
+fn boto3_refusals_change_nothing() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let gw = start(dir.path())?;
+    boto3(&gw, "refusals", &[])?;
+    // Refused bodies were never kept: no blob is left behind.
+    ensure!(gw.blob_count()? == 0, "{} blobs left", gw.blob_count()?);
+    Ok(())
+}
+
+/// Ranges, MD5 ETags, versions, trailing checksums, listings with a
+/// delimiter and continuation, presigned URLs and conditional writes,
+/// through boto3; the S3 key is the `/objects` key `bucket/key`.
+#[test]
+fn boto3_reads_what_it_wrote() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let gw = start(dir.path())?;
+    boto3(&gw, "objects", &[])?;
+    let r = gw.request("GET", "/objects/reports/o/data.bin", &[], b"")?;
+    ensure!(r.status == 200 && r.body == b"y", "{r:?}");
+    Ok(())
+}
+
+fn aws(gw: &Gateway, args: &[&str]) -> anyhow::Result<String> {
+    run(Command::new("aws")
+        .args(["--endpoint-url", &format!("http://{}", gw.addr), "s3"])
+        .args(args)
+        .env("AWS_ACCESS_KEY_ID", KEY)
+        .env("AWS_SECRET_ACCESS_KEY", SECRET)
+        .env("AWS_DEFAULT_REGION", "us-east-1")
+        .env("AWS_CONFIG_FILE", "/dev/null")
+        .env("AWS_SHARED_CREDENTIALS_FILE", "/dev/null"))
+}
+
+/// aws-cli: `s3 cp` up (the token as metadata) and down, byte for byte;
+/// `s3 ls` lists it; a copy with an older token fails and changes nothing.
+#[test]
+fn aws_cli_cp_and_ls() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let gw = start(dir.path())?;
+    let file = dir.path().join("upload.bin");
+    // Under aws-cli's 8 MiB multipart threshold: multipart is not served yet.
+    let body: Vec<u8> = (0..3 << 20).map(|i: u32| (i % 251) as u8).collect();
+    std::fs::write(&file, &body)?;
+    let up = file.display().to_string();
+    aws(
+        &gw,
+        &[
+            "cp",
+            &up,
+            "s3://reports/cli/upload.bin",
+            "--metadata",
+            "fence-token=2.5",
+        ],
+    )?;
+    let listed = aws(&gw, &["ls", "s3://reports/cli/"])?;
+    ensure!(
+        listed.contains("upload.bin") && listed.contains(&body.len().to_string()),
+        "{listed}"
+    );
+    let down = dir.path().join("download.bin");
+    aws(
+        &gw,
+        &[
+            "cp",
+            "s3://reports/cli/upload.bin",
+            &down.display().to_string(),
+        ],
+    )?;
+    ensure!(std::fs::read(&down)? == body, "the download differs");
+    let stale = aws(
+        &gw,
+        &[
+            "cp",
+            &up,
+            "s3://reports/cli/upload.bin",
+            "--metadata",
+            "fence-token=2.4",
+        ],
+    );
+    ensure!(stale.is_err(), "a stale copy succeeded");
+    ensure!(
+        format!("{:?}", stale.err()).contains("StaleFence"),
+        "not refused as stale"
+    );
+    let r = gw.request("GET", "/objects/reports/cli/upload.bin", &[], b"")?;
+    ensure!(r.status == 200 && r.body == body, "status {}", r.status);
+    Ok(())
+}
+
+fn rclone(gw: &Gateway, args: &[&str]) -> anyhow::Result<String> {
+    run(Command::new("rclone")
+        .args(args)
+        // A machine-wide CA bundle for AWS tools would be loaded for this
+        // plain-HTTP loopback endpoint too (and refused by rclone).
+        .env_remove("AWS_CA_BUNDLE")
+        .args([
+            "--s3-no-check-bucket",
+            "--retries",
+            "1",
+            "--low-level-retries",
+            "1",
+        ])
+        .env("RCLONE_CONFIG", "/dev/null")
+        .env("RCLONE_CONFIG_GW_TYPE", "s3")
+        .env("RCLONE_CONFIG_GW_PROVIDER", "Other")
+        .env("RCLONE_CONFIG_GW_ENDPOINT", format!("http://{}", gw.addr))
+        .env("RCLONE_CONFIG_GW_ACCESS_KEY_ID", KEY)
+        .env("RCLONE_CONFIG_GW_SECRET_ACCESS_KEY", SECRET)
+        .env("RCLONE_CONFIG_GW_FORCE_PATH_STYLE", "true")
+        .env("RCLONE_CONFIG_GW_LIST_VERSION", "2"))
+}
+
+/// rclone: `copy` a directory with the token as metadata
+/// (`--header-upload "X-Amz-Meta-Fence-Token: …"`: rclone's S3 backend
+/// passes only headers it knows on uploads), `ls` and `cat` it back; a copy
+/// of a changed file with an older token (as `--header "Fence-Token: …"`,
+/// sent on every request) is refused and the first copy stays.
+#[test]
+fn rclone_copy_with_the_header() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let gw = start(dir.path())?;
+    let src = dir.path().join("src");
+    std::fs::create_dir_all(src.join("nested"))?;
+    std::fs::write(src.join("a.txt"), b"alpha")?;
+    std::fs::write(src.join("nested/b.txt"), b"beta")?;
+    let from = src.display().to_string();
+    rclone(
+        &gw,
+        &[
+            "copy",
+            &from,
+            "gw:reports/rc",
+            "--header-upload",
+            "X-Amz-Meta-Fence-Token: 4.2",
+        ],
+    )?;
+    let listed = rclone(&gw, &["ls", "gw:reports/rc"])?;
+    ensure!(
+        listed.contains("a.txt") && listed.contains("nested/b.txt"),
+        "{listed}"
+    );
+    let cat = rclone(&gw, &["cat", "gw:reports/rc/nested/b.txt"])?;
+    ensure!(cat == "beta", "{cat}");
+    std::fs::write(src.join("a.txt"), b"alpha, changed")?;
+    let stale = rclone(
+        &gw,
+        &[
+            "copy",
+            &from,
+            "gw:reports/rc",
+            "--size-only",
+            "--header",
+            "Fence-Token: 4.1",
+        ],
+    );
+    ensure!(stale.is_err(), "a stale rclone copy succeeded");
+    ensure!(
+        format!("{:?}", stale.err()).contains("StaleFence"),
+        "not refused as stale"
+    );
+    let r = gw.request("GET", "/objects/reports/rc/a.txt", &[], b"")?;
+    ensure!(r.status == 200 && r.body == b"alpha", "{r:?}");
+    Ok(())
+}
+
+/// An auth file that holds secret access keys and that others can read is
+/// refused at startup.
+#[test]
+fn readable_secrets_are_refused() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let auth = s3_auth(dir.path())?;
+    std::fs::set_permissions(&auth, std::fs::Permissions::from_mode(0o644))?;
+    let out = Command::new(env!("CARGO_BIN_EXE_fencecheck-gateway"))
+        .args(["--listen", "127.0.0.1:0", "--data"])
+        .arg(dir.path())
+        .arg("--auth")
+        .arg(&auth)
+        .args(["--bucket", "reports"])
+        .output()?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    ensure!(!out.status.success(), "it started");
+    ensure!(stderr.contains("chmod 600"), "{stderr}");
+    Ok(())
+}

@@ -1,0 +1,221 @@
+"""boto3 scenarios against the gateway's S3 front, run by tests/s3.rs.
+
+Each scenario is a function; `python3 clients.py NAME` runs one and exits
+non-zero with the failed assertion. The endpoint and credentials come from
+the environment (S3_ENDPOINT, S3_KEY, S3_SECRET; READER_KEY, READER_SECRET
+for a principal that may only read; TOKEN_A < TOKEN_B, fencing tokens the
+test acquired from the gateway's lock endpoints).
+"""
+
+import base64
+import datetime
+import hashlib
+import os
+import sys
+import urllib.request
+
+import boto3
+import botocore
+import botocore.auth
+from botocore.config import Config
+
+ENDPOINT = os.environ["S3_ENDPOINT"]
+
+
+def client(key=None, secret=None, fence=None, op_id=None):
+    """A boto3 client; with `fence`, every request carries Fence-Token
+    (an event hook: how an SDK sends a header it has no parameter for),
+    with `op_id` an Idempotency-Key."""
+    c = boto3.client(
+        "s3",
+        endpoint_url=ENDPOINT,
+        aws_access_key_id=key or os.environ["S3_KEY"],
+        aws_secret_access_key=secret or os.environ["S3_SECRET"],
+        region_name="us-east-1",
+        config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 1}),
+    )
+    if fence is not None:
+
+        def add_fence(request, **_):
+            request.headers["Fence-Token"] = fence
+            if op_id is not None:
+                request.headers["Idempotency-Key"] = op_id
+
+        c.meta.events.register("before-sign.s3.*", add_fence)
+    return c
+
+
+def refused(call, code, status):
+    """`call` must fail with S3 error `code` and HTTP `status`."""
+    try:
+        call()
+    except botocore.exceptions.ClientError as e:
+        got = (e.response["Error"]["Code"], e.response["ResponseMetadata"]["HTTPStatusCode"])
+        assert got == (code, status), f"expected {code} {status}, got {got}: {e.response['Error']}"
+        return e.response
+    raise AssertionError(f"expected {code} {status}, the call succeeded")
+
+
+def absent(c, key):
+    refused(lambda: c.head_object(Bucket="reports", Key=key), "404", 404)
+
+
+def paused_writer():
+    """The seed's paused writer with two boto3 clients: B (the newer
+    token) writes; A wakes with its older token and is refused with
+    StaleFence, by metadata or by header, for a PUT and for a DELETE, and
+    B's object stays visible."""
+    a_token, b_token = os.environ["TOKEN_A"], os.environ["TOKEN_B"]
+    a, b = client(), client()
+    key = "paused/report.csv"
+    put = b.put_object(Bucket="reports", Key=key, Body=b"from-b", Metadata={"fence-token": b_token})
+    assert put["ETag"] == '"%s"' % hashlib.md5(b"from-b").hexdigest(), put["ETag"]
+    assert put["ResponseMetadata"]["HTTPHeaders"]["fence-token"] == b_token
+    version = put["VersionId"]
+    err = refused(
+        lambda: a.put_object(Bucket="reports", Key=key, Body=b"from-a", Metadata={"fence-token": a_token}),
+        "StaleFence",
+        409,
+    )
+    headers = err["ResponseMetadata"]["HTTPHeaders"]
+    assert headers["fence-token-presented"] == a_token, headers
+    assert headers["fence-token-highest"] == b_token, headers
+    # The same through the Fence-Token header, and for a delete.
+    a_header = client(fence=a_token)
+    refused(lambda: a_header.put_object(Bucket="reports", Key=key, Body=b"from-a"), "StaleFence", 409)
+    refused(lambda: a_header.delete_object(Bucket="reports", Key=key), "StaleFence", 409)
+    got = b.get_object(Bucket="reports", Key=key)
+    assert got["Body"].read() == b"from-b"
+    assert got["Metadata"]["fence-token"] == b_token, got["Metadata"]
+    assert got["VersionId"] == version
+    # B deletes with its token again: an unguarded write may not repeat a
+    # token (design §3), so with an Idempotency-Key. The key is gone.
+    refused(lambda: client(fence=b_token).delete_object(Bucket="reports", Key=key), "StaleFence", 409)
+    client(fence=b_token, op_id="b-delete-1").delete_object(Bucket="reports", Key=key)
+    absent(b, key)
+
+
+def refusals():
+    """Every bad request is refused with S3's error and leaves nothing
+    visible: no token, a wrong secret, an unknown key id, an expired
+    signature date, a Content-MD5 or a checksum that does not match, a
+    reader that writes, a bucket the gateway does not serve, a key `..`."""
+    c = client()
+    refused(lambda: c.put_object(Bucket="reports", Key="r/none", Body=b"x"), "MissingFenceToken", 428)
+    absent(c, "r/none")
+    wrong = client(secret="not-the-secret-at-all-0000")
+    refused(
+        lambda: wrong.put_object(Bucket="reports", Key="r/wrong", Body=b"x", Metadata={"fence-token": "1.1"}),
+        "SignatureDoesNotMatch",
+        403,
+    )
+    absent(c, "r/wrong")
+    unknown = client(key="AKIANOBODY0000")
+    refused(lambda: unknown.list_objects_v2(Bucket="reports"), "InvalidAccessKeyId", 403)
+    # A signature dated an hour ago (S3 allows 15 minutes of skew).
+    real = botocore.auth.get_current_datetime
+    botocore.auth.get_current_datetime = lambda: real() - datetime.timedelta(hours=1)
+    try:
+        refused(
+            lambda: c.put_object(Bucket="reports", Key="r/old", Body=b"x", Metadata={"fence-token": "1.1"}),
+            "RequestTimeTooSkewed",
+            403,
+        )
+    finally:
+        botocore.auth.get_current_datetime = real
+    absent(c, "r/old")
+    bad_md5 = base64.b64encode(hashlib.md5(b"other").digest()).decode()
+    refused(
+        lambda: c.put_object(
+            Bucket="reports", Key="r/md5", Body=b"x", ContentMD5=bad_md5, Metadata={"fence-token": "1.1"}
+        ),
+        "BadDigest",
+        400,
+    )
+    absent(c, "r/md5")
+    bad_sha = base64.b64encode(hashlib.sha256(b"other").digest()).decode()
+    refused(
+        lambda: c.put_object(
+            Bucket="reports", Key="r/sha", Body=b"x", ChecksumSHA256=bad_sha, Metadata={"fence-token": "1.1"}
+        ),
+        "BadDigest",
+        400,
+    )
+    absent(c, "r/sha")
+    reader = client(os.environ["READER_KEY"], os.environ["READER_SECRET"])
+    refused(
+        lambda: reader.put_object(Bucket="reports", Key="r/reader", Body=b"x", Metadata={"fence-token": "1.1"}),
+        "AccessDenied",
+        403,
+    )
+    absent(c, "r/reader")
+    refused(lambda: c.list_objects_v2(Bucket="nosuch"), "NoSuchBucket", 404)
+    refused(
+        lambda: c.put_object(Bucket="reports", Key="r/../x", Body=b"x", Metadata={"fence-token": "1.1"}),
+        "InvalidArgument",
+        400,
+    )
+
+
+def objects():
+    """What a client reads back: ranges, ETags (MD5), versions, the
+    default trailing CRC32 checksum of current SDKs verified, listings with
+    a delimiter and continuation, presigned GETs, conditional writes."""
+    c = client()
+    body = bytes(range(256)) * 64
+    put = c.put_object(
+        Bucket="reports", Key="o/data.bin", Body=body, ChecksumAlgorithm="CRC32",
+        Metadata={"fence-token": "3.1"},
+    )
+    assert put["ETag"] == '"%s"' % hashlib.md5(body).hexdigest()
+    got = c.get_object(Bucket="reports", Key="o/data.bin", Range="bytes=100-199")
+    assert got["Body"].read() == body[100:200]
+    assert got["ContentRange"] == f"bytes 100-199/{len(body)}", got["ContentRange"]
+    refused(lambda: c.get_object(Bucket="reports", Key="o/data.bin", Range=f"bytes={len(body)}-"), "InvalidRange", 416)
+    head = c.head_object(Bucket="reports", Key="o/data.bin")
+    assert head["ContentLength"] == len(body) and head["ETag"] == put["ETag"]
+    # If-None-Match: * creates only; If-Match guards on the ETag.
+    refused(
+        lambda: c.put_object(
+            Bucket="reports", Key="o/data.bin", Body=b"x", IfNoneMatch="*", Metadata={"fence-token": "3.2"}
+        ),
+        "PreconditionFailed",
+        412,
+    )
+    refused(
+        lambda: c.put_object(
+            Bucket="reports", Key="o/data.bin", Body=b"x", IfMatch='"0000"', Metadata={"fence-token": "3.2"}
+        ),
+        "PreconditionFailed",
+        412,
+    )
+    again = c.put_object(
+        Bucket="reports", Key="o/data.bin", Body=b"y", IfMatch=put["ETag"], Metadata={"fence-token": "3.2"}
+    )
+    assert int(again["VersionId"]) > int(put["VersionId"])
+    for i in range(5):
+        c.put_object(Bucket="reports", Key=f"o/list/{i}.txt", Body=b"x", Metadata={"fence-token": "3.3"})
+    c.put_object(Bucket="reports", Key="o/list/sub/deep.txt", Body=b"x", Metadata={"fence-token": "3.3"})
+    page = c.list_objects_v2(Bucket="reports", Prefix="o/list/", Delimiter="/", MaxKeys=3)
+    assert [o["Key"] for o in page["Contents"]] == ["o/list/0.txt", "o/list/1.txt", "o/list/2.txt"], page
+    assert page["IsTruncated"] and page["KeyCount"] == 3
+    rest = c.list_objects_v2(
+        Bucket="reports", Prefix="o/list/", Delimiter="/", ContinuationToken=page["NextContinuationToken"]
+    )
+    assert [o["Key"] for o in rest["Contents"]] == ["o/list/3.txt", "o/list/4.txt"], rest
+    assert [p["Prefix"] for p in rest["CommonPrefixes"]] == ["o/list/sub/"], rest
+    assert not rest["IsTruncated"]
+    every = c.get_paginator("list_objects_v2").paginate(Bucket="reports", Prefix="o/", PaginationConfig={"PageSize": 2})
+    keys = [o["Key"] for p in every for o in p.get("Contents", [])]
+    assert keys == sorted(keys) and len(keys) == 7, keys
+    url = c.generate_presigned_url("get_object", Params={"Bucket": "reports", "Key": "o/data.bin"}, ExpiresIn=300)
+    with urllib.request.urlopen(url) as r:
+        assert r.read() == b"y"
+    # Bucket-level calls SDKs and tools make.
+    c.head_bucket(Bucket="reports")
+    assert "reports" in [b["Name"] for b in c.list_buckets()["Buckets"]]
+
+
+if __name__ == "__main__":
+    globals()[sys.argv[1]]()
+    print("ok", sys.argv[1])
