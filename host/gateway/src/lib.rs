@@ -60,4 +60,4 @@ pub use locks::{LockPolicy, LockReply, MAX_LOCK_BODY, handle as handle_lock};
 pub use metrics::Metrics;
 pub use pgtls::PgConnect;
 pub use reload::{Reloader, VECTORS, vetted};
-pub use store::{Current, Head, Kind, Listed, Meta, Store};
+pub use store::{Current, Head, Kind, Listed, Meta, Part, Store, Upload};

@@ -133,7 +133,10 @@ fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                // s3s logs every refused S3 request (a bad signature, a
+                // stale token) at ERROR; the gateway's own request line
+                // already records each with its status and outcome.
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,s3s=off")),
         )
         .init();
     let args = Args::parse();

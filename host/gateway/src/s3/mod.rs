@@ -12,6 +12,7 @@
 
 mod access;
 mod ops;
+mod upload;
 
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};

@@ -19,6 +19,11 @@ use http::{HeaderMap, HeaderValue, StatusCode};
 use md5::{Digest, Md5};
 use s3s::checksum::ChecksumHasher;
 use s3s::dto::{
+    AbortMultipartUploadInput, AbortMultipartUploadOutput, CompleteMultipartUploadInput,
+    CompleteMultipartUploadOutput, CreateMultipartUploadInput, CreateMultipartUploadOutput,
+    UploadPartInput, UploadPartOutput,
+};
+use s3s::dto::{
     Bucket, Checksum, ChecksumAlgorithm, CommonPrefix, DeleteObjectInput, DeleteObjectOutput, ETag,
     ETagCondition, GetBucketLocationInput, GetBucketLocationOutput, GetObjectInput,
     GetObjectOutput, HeadBucketInput, HeadBucketOutput, HeadObjectInput, HeadObjectOutput,
@@ -1121,6 +1126,34 @@ impl S3 for Objects {
             ..Default::default()
         };
         Ok(S3Response::new(output))
+    }
+
+    async fn create_multipart_upload(
+        &self,
+        req: S3Request<CreateMultipartUploadInput>,
+    ) -> S3Result<S3Response<CreateMultipartUploadOutput>> {
+        self.create_upload(req).await
+    }
+
+    async fn upload_part(
+        &self,
+        req: S3Request<UploadPartInput>,
+    ) -> S3Result<S3Response<UploadPartOutput>> {
+        Objects::upload_part(self, req).await
+    }
+
+    async fn complete_multipart_upload(
+        &self,
+        req: S3Request<CompleteMultipartUploadInput>,
+    ) -> S3Result<S3Response<CompleteMultipartUploadOutput>> {
+        self.complete_upload(req).await
+    }
+
+    async fn abort_multipart_upload(
+        &self,
+        req: S3Request<AbortMultipartUploadInput>,
+    ) -> S3Result<S3Response<AbortMultipartUploadOutput>> {
+        self.abort_upload(req).await
     }
 
     async fn head_bucket(

@@ -103,6 +103,32 @@ pub struct Meta {
     pub etag: Option<String>,
 }
 
+/// An S3 multipart upload in progress.
+#[derive(Clone, Debug)]
+pub struct Upload {
+    /// The fenced key it will publish.
+    pub scope: String,
+    /// The token text it began under (Complete's default token).
+    pub fence: String,
+    /// The Content-Type the object will have.
+    pub content_type: Option<String>,
+    /// The Idempotency-Key it began under.
+    pub op_id: Option<String>,
+}
+
+/// One part of an upload.
+#[derive(Clone, Debug)]
+pub struct Part {
+    /// Its part number (1 to 10,000).
+    pub number: i32,
+    /// Its staged object (blob).
+    pub object: ObjectId,
+    /// Bytes.
+    pub length: u64,
+    /// Its MD5, hex.
+    pub etag: String,
+}
+
 /// One entry of a listing.
 #[derive(Clone, Debug)]
 pub struct Listed {
@@ -243,6 +269,151 @@ impl Store {
                 Ok(ObjectId::from_raw(id.get()))
             }
         })
+    }
+
+    /// Stage an object that never becomes visible itself: an S3 upload
+    /// (`upload TOKEN`) or one of its parts (`part UPLOAD`).
+    fn stage_hidden(&self, scope: &str, name: &str) -> Result<ObjectId, Error> {
+        let _turn = self.turn();
+        self.pool.with(|conn, _| match conn {
+            Conn::Sqlite(c) => relaxed(c, |c| Ok(stage(c, scope, name, b"", SystemTime::now())?)),
+            Conn::Postgres(c) => {
+                let id = fencecheck_postgres::stage(c, scope, name, b"", SystemTime::now())?;
+                Ok(ObjectId::from_raw(id.get()))
+            }
+        })
+    }
+
+    /// Begin an S3 multipart upload of `scope` under `fence`: the upload's
+    /// id, with `meta` (its Content-Type and Idempotency-Key) recorded.
+    pub fn begin_upload(&self, scope: &str, fence: &str, meta: &Meta) -> Result<ObjectId, Error> {
+        let upload = self.stage_hidden(scope, &format!("upload {fence}"))?;
+        let _turn = self.turn();
+        self.pool.with(|conn, _| record(conn, upload, meta))?;
+        Ok(upload)
+    }
+
+    /// An upload still kept: its scope, the token text it began under,
+    /// and its Content-Type and Idempotency-Key.
+    pub fn upload(&self, upload: ObjectId) -> Result<Option<Upload>, Error> {
+        type Row = (String, String, Option<String>, Option<String>);
+        let row: Option<Row> = self.pool.with(|conn, _| match conn {
+            Conn::Sqlite(c) => c
+                .prepare_cached(schema::SQLITE_UPLOAD)
+                .and_then(|mut s| {
+                    s.query_row([upload.get()], |r| {
+                        Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+                    })
+                    .optional()
+                })
+                .map_err(sqlite("reading an upload")),
+            Conn::Postgres(c) => c
+                .query_opt(schema::POSTGRES_UPLOAD, &[&upload.get()])
+                .map(|row| row.map(|r| (r.get(0), r.get(1), r.get(2), r.get(3))))
+                .map_err(|e| postgres_error("reading an upload", e)),
+        })?;
+        Ok(row.map(|(scope, name, content_type, op_id)| Upload {
+            scope,
+            fence: name.strip_prefix("upload ").unwrap_or("").to_owned(),
+            content_type,
+            op_id,
+        }))
+    }
+
+    /// Stage part `part` of `upload` (of `scope`); its bytes go to the
+    /// blob named by the returned id.
+    pub fn stage_part(&self, scope: &str, upload: ObjectId) -> Result<ObjectId, Error> {
+        self.stage_hidden(scope, &format!("part {}", upload.get()))
+    }
+
+    /// Record a written part: its facts, and its place in the upload.
+    pub fn add_part(
+        &self,
+        upload: ObjectId,
+        part: i32,
+        object: ObjectId,
+        meta: &Meta,
+    ) -> Result<(), Error> {
+        let _turn = self.turn();
+        self.pool.with(|conn, _| {
+            record(conn, object, meta)?;
+            match conn {
+                Conn::Sqlite(c) => relaxed(c, |c| {
+                    c.prepare_cached(
+                        "INSERT INTO fencecheck_gateway_parts (upload, part, object) VALUES (?1, ?2, ?3)",
+                    )
+                    .and_then(|mut s| s.execute(params![upload.get(), part, object.get()]))
+                    .map(|_| ())
+                    .map_err(sqlite("recording a part"))
+                }),
+                Conn::Postgres(c) => c
+                    .execute(
+                        "INSERT INTO fencecheck_gateway_parts (upload, part, object) VALUES ($1, $2, $3)",
+                        &[&upload.get(), &part, &object.get()],
+                    )
+                    .map(|_| ())
+                    .map_err(|e| postgres_error("recording a part", e)),
+            }
+        })
+    }
+
+    /// The parts of `upload`, by part number (the latest object of each).
+    pub fn parts(&self, upload: ObjectId) -> Result<Vec<Part>, Error> {
+        type Row = (i32, i64, i64, Option<String>);
+        let rows: Vec<Row> = self.pool.with(|conn, _| match conn {
+            Conn::Sqlite(c) => c
+                .prepare_cached(schema::SQLITE_PARTS)
+                .and_then(|mut s| {
+                    s.query_map([upload.get()], |r| {
+                        Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+                    })?
+                    .collect()
+                })
+                .map_err(sqlite("reading the parts of an upload")),
+            Conn::Postgres(c) => c
+                .query(schema::POSTGRES_PARTS, &[&upload.get()])
+                .map(|rows| {
+                    rows.iter()
+                        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+                        .collect()
+                })
+                .map_err(|e| postgres_error("reading the parts of an upload", e)),
+        })?;
+        let mut parts: Vec<Part> = Vec::new();
+        for (number, object, length, etag) in rows {
+            let part = Part {
+                number,
+                object: ObjectId::from_raw(object),
+                length: unsigned("length", length)?,
+                etag: etag.unwrap_or_default(),
+            };
+            match parts.last_mut() {
+                Some(last) if last.number == number => *last = part,
+                _ => parts.push(part),
+            }
+        }
+        Ok(parts)
+    }
+
+    /// Every object of `upload` (its parts, superseded ones too, then the
+    /// upload itself), for discarding.
+    pub fn upload_objects(&self, upload: ObjectId) -> Result<Vec<ObjectId>, Error> {
+        let rows: Vec<i64> = self.pool.with(|conn, _| match conn {
+            Conn::Sqlite(c) => c
+                .prepare_cached("SELECT object FROM fencecheck_gateway_parts WHERE upload = ?1")
+                .and_then(|mut s| s.query_map([upload.get()], |r| r.get(0))?.collect())
+                .map_err(sqlite("reading the parts of an upload")),
+            Conn::Postgres(c) => c
+                .query(
+                    "SELECT object FROM fencecheck_gateway_parts WHERE upload = $1",
+                    &[&upload.get()],
+                )
+                .map(|rows| rows.iter().map(|r| r.get(0)).collect())
+                .map_err(|e| postgres_error("reading the parts of an upload", e)),
+        })?;
+        let mut objects: Vec<ObjectId> = rows.into_iter().map(ObjectId::from_raw).collect();
+        objects.push(upload);
+        Ok(objects)
     }
 
     /// Record `meta` for `object`, then the fenced publish: check and move

@@ -14,6 +14,12 @@
 //!   Idempotency-Key was applied with, written by a trigger in the publish's
 //!   own transaction (so it is exact: no crash can separate the two), pruned
 //!   to the 64 latest per key (the component's idempotency window holds 32).
+//! - `fencecheck_gateway_parts`: the parts of the S3 front's multipart
+//!   uploads. An upload is a staged object named `upload TOKEN` (its id is
+//!   the UploadId), each part a staged object named `part UPLOAD` with its
+//!   facts in `fencecheck_gateway_objects`; none is ever visible, so the
+//!   collector takes them after `--retention` like any unpublished blob,
+//!   and a trigger drops an upload's rows with the upload's object.
 //! - An index on `fencecheck_scopes (visible_object)`: "is this object
 //!   referenced?" (discard, the collector) without scanning every pointer.
 
@@ -68,6 +74,17 @@ CREATE TRIGGER IF NOT EXISTS fencecheck_gateway_collected
     AFTER DELETE ON fencecheck_objects
 BEGIN
     DELETE FROM fencecheck_gateway_objects WHERE object = OLD.id;
+END;
+CREATE TABLE IF NOT EXISTS fencecheck_gateway_parts (
+    upload INTEGER NOT NULL,
+    part   INTEGER NOT NULL,
+    object INTEGER NOT NULL,
+    PRIMARY KEY (upload, part, object)
+) WITHOUT ROWID;
+CREATE TRIGGER IF NOT EXISTS fencecheck_gateway_upload_gone
+    AFTER DELETE ON fencecheck_objects
+BEGIN
+    DELETE FROM fencecheck_gateway_parts WHERE upload = OLD.id;
 END;
 ";
 
@@ -128,6 +145,22 @@ $$;
 CREATE OR REPLACE TRIGGER fencecheck_gateway_collected
     AFTER DELETE ON fencecheck_objects
     FOR EACH ROW EXECUTE FUNCTION fencecheck_gateway_collected();
+CREATE TABLE IF NOT EXISTS fencecheck_gateway_parts (
+    upload bigint  NOT NULL,
+    part   integer NOT NULL,
+    object bigint  NOT NULL,
+    PRIMARY KEY (upload, part, object)
+);
+CREATE OR REPLACE FUNCTION fencecheck_gateway_upload_gone() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    DELETE FROM fencecheck_gateway_parts WHERE upload = OLD.id;
+    RETURN NULL;
+END
+$$;
+CREATE OR REPLACE TRIGGER fencecheck_gateway_upload_gone
+    AFTER DELETE ON fencecheck_objects
+    FOR EACH ROW EXECUTE FUNCTION fencecheck_gateway_upload_gone();
 ";
 
 /// Stores made before the S3 front: the `etag` column (SQLite has no
@@ -209,3 +242,32 @@ DELETE FROM fencecheck_objects o
  WHERE o.id = ANY($1)
    AND NOT EXISTS (SELECT 1 FROM fencecheck_scopes s WHERE s.visible_object = o.id)
 RETURNING o.id";
+
+/// An upload's scope and name (`upload TOKEN`), if it is still kept.
+pub(crate) const SQLITE_UPLOAD: &str = "
+SELECT o.scope, o.name, g.content_type, g.op_id
+  FROM fencecheck_objects o
+  LEFT JOIN fencecheck_gateway_objects g ON g.object = o.id
+ WHERE o.id = ?1 AND substr(o.name, 1, 7) = 'upload '";
+
+pub(crate) const POSTGRES_UPLOAD: &str = "
+SELECT o.scope, o.name, g.content_type, g.op_id
+  FROM fencecheck_objects o
+  LEFT JOIN fencecheck_gateway_objects g ON g.object = o.id
+ WHERE o.id = $1 AND left(o.name, 7) = 'upload '";
+
+/// An upload's parts whose objects are still kept, by part number and
+/// then staging order (the last upload of a part number wins).
+pub(crate) const SQLITE_PARTS: &str = "
+SELECT p.part, p.object, g.length, g.etag
+  FROM fencecheck_gateway_parts p
+  JOIN fencecheck_gateway_objects g ON g.object = p.object
+ WHERE p.upload = ?1
+ ORDER BY p.part, p.object";
+
+pub(crate) const POSTGRES_PARTS: &str = "
+SELECT p.part, p.object, g.length, g.etag
+  FROM fencecheck_gateway_parts p
+  JOIN fencecheck_gateway_objects g ON g.object = p.object
+ WHERE p.upload = $1
+ ORDER BY p.part, p.object";

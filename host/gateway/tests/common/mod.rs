@@ -125,7 +125,7 @@ impl Gateway {
             .args(["--listen", &addr, "--data"])
             .arg(data)
             .args(extra)
-            .env("RUST_LOG", log.map_or("warn", |l| l.1))
+            .env("RUST_LOG", log.map_or("warn,s3s=off", |l| l.1))
             .envs(env.iter().map(|(k, v)| (*k, v.as_os_str())))
             .stdout(Stdio::null())
             .stderr(match log {

@@ -216,6 +216,75 @@ def objects():
     assert "reports" in [b["Name"] for b in c.list_buckets()["Buckets"]]
 
 
+def multipart():
+    """Multipart with boto3: Complete publishes the parts in order with
+    S3's multipart ETag; a Complete whose token went stale while it
+    uploaded (a newer writer came) is StaleFence and makes nothing
+    visible; bad part lists are refused; Abort ends an upload."""
+    a_token, b_token = os.environ["TOKEN_A"], os.environ["TOKEN_B"]
+    c = client()
+    key = "mp/big.bin"
+    parts_data = [os.urandom(5 << 20), os.urandom(1 << 20)]
+
+    def upload(token):
+        up = c.create_multipart_upload(Bucket="reports", Key=key, Metadata={"fence-token": token})
+        parts = []
+        for n, data in enumerate(parts_data, 1):
+            r = c.upload_part(Bucket="reports", Key=key, UploadId=up["UploadId"], PartNumber=n, Body=data)
+            assert r["ETag"] == '"%s"' % hashlib.md5(data).hexdigest()
+            parts.append({"PartNumber": n, "ETag": r["ETag"]})
+        return up["UploadId"], parts
+
+    # A begins and uploads; B (newer) writes meanwhile; A's Complete is stale.
+    a_upload, a_parts = upload(a_token)
+    c.put_object(Bucket="reports", Key=key, Body=b"from-b", Metadata={"fence-token": b_token})
+    done = lambda: c.complete_multipart_upload(
+        Bucket="reports", Key=key, UploadId=a_upload, MultipartUpload={"Parts": a_parts}
+    )
+    refused(done, "StaleFence", 409)
+    assert c.get_object(Bucket="reports", Key=key)["Body"].read() == b"from-b"
+    c.abort_multipart_upload(Bucket="reports", Key=key, UploadId=a_upload)
+    refused(done, "NoSuchUpload", 404)
+
+    # A newer token: the parts, checked, then published as one object.
+    c_token = os.environ["TOKEN_C"]
+    upload_id, parts = upload(c_token)
+    refused(
+        lambda: c.complete_multipart_upload(
+            Bucket="reports", Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts[::-1]}
+        ),
+        "InvalidPartOrder",
+        400,
+    )
+    wrong = [dict(parts[0]), dict(parts[1], ETag='"%s"' % ("0" * 32))]
+    refused(
+        lambda: c.complete_multipart_upload(
+            Bucket="reports", Key=key, UploadId=upload_id, MultipartUpload={"Parts": wrong}
+        ),
+        "InvalidPart",
+        400,
+    )
+    out = c.complete_multipart_upload(
+        Bucket="reports", Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts}
+    )
+    md5s = b"".join(hashlib.md5(d).digest() for d in parts_data)
+    assert out["ETag"] == '"%s-2"' % hashlib.md5(md5s).hexdigest(), out["ETag"]
+    got = c.get_object(Bucket="reports", Key=key)
+    assert got["Body"].read() == b"".join(parts_data)
+    assert got["ETag"] == out["ETag"]
+
+
+def begin_only():
+    """Begin an upload and store two parts, never completing it (the test
+    then kills the gateway)."""
+    c = client()
+    up = c.create_multipart_upload(Bucket="reports", Key="killed/big.bin", Metadata={"fence-token": "7.1"})
+    for n in (1, 2):
+        c.upload_part(
+            Bucket="reports", Key="killed/big.bin", UploadId=up["UploadId"], PartNumber=n, Body=os.urandom(1 << 20)
+        )
+
+
 if __name__ == "__main__":
     globals()[sys.argv[1]]()
     print("ok", sys.argv[1])

@@ -1,0 +1,437 @@
+//! Multipart uploads. Create checks the token early (a stale writer learns
+//! it before uploading anything) and stages the upload; each part is a
+//! staged blob; Complete concatenates the parts into a new blob and runs
+//! the fenced publish, which decides again: a stale Complete makes nothing
+//! visible. Abort (or the collector, after `--retention`) drops them all.
+
+use md5::{Digest, Md5};
+use s3s::dto::{
+    AbortMultipartUploadInput, AbortMultipartUploadOutput, Checksum, CompleteMultipartUploadInput,
+    CompleteMultipartUploadOutput, CreateMultipartUploadInput, CreateMultipartUploadOutput, ETag,
+    UploadPartInput, UploadPartOutput,
+};
+use s3s::{S3ErrorCode, S3Request, S3Response, S3Result};
+
+use super::error;
+use super::ops::{
+    Declared, Objects, answer_publish, early_stop, failure, fence_token, hex, note, receive,
+    storage, write_request,
+};
+use crate::auth::Right;
+use crate::http::objects::{cleanup, decide_early};
+use crate::store::{Kind, Meta, Part, Upload};
+use fencecheck_sqlite::ObjectId;
+
+/// S3's least part size (all but the last part).
+const MIN_PART: u64 = 5 << 20;
+/// S3's part numbers.
+const MAX_PART_NUMBER: i32 = 10_000;
+
+impl Objects {
+    /// The upload `id` names, if it is one of `scope`'s.
+    async fn upload_of(&self, id: &str, scope: &str) -> S3Result<(ObjectId, Upload)> {
+        let no_such = || {
+            error(
+                S3ErrorCode::NoSuchUpload,
+                "no such upload (completed, aborted or expired)",
+            )
+        };
+        let id = id
+            .parse::<i64>()
+            .ok()
+            .filter(|n| *n > 0)
+            .map(ObjectId::from_raw)
+            .ok_or_else(no_such)?;
+        let upload = self
+            .core
+            .work(true, move |s| s.upload(id))
+            .await
+            .map_err(|f| failure(&f))?
+            .filter(|u| u.scope == scope)
+            .ok_or_else(no_such)?;
+        Ok((id, upload))
+    }
+
+    /// Drop every object of an upload, and their blobs.
+    async fn drop_upload(&self, upload: ObjectId) {
+        match self
+            .core
+            .work(false, move |s| s.upload_objects(upload))
+            .await
+        {
+            Ok(objects) => {
+                for object in objects {
+                    cleanup(&self.core, object).await;
+                }
+            }
+            Err(f) => {
+                tracing::warn!(upload = upload.get(), error = %failure(&f), "dropping an upload failed; left to the collector");
+            }
+        }
+    }
+
+    pub(super) async fn create_upload(
+        &self,
+        req: S3Request<CreateMultipartUploadInput>,
+    ) -> S3Result<S3Response<CreateMultipartUploadOutput>> {
+        note(&req, |t| t.op = Some("put"));
+        let principal = self.principal(&req)?;
+        let input = &req.input;
+        let scope = self.scope(&input.bucket, &input.key)?;
+        Self::authorize(&principal, Right::Write, &scope)?;
+        let presented = fence_token(&req.headers, input.metadata.as_ref()).inspect_err(|_| {
+            note(&req, |t| t.outcome = Some("missing-token"));
+        })?;
+        let write = write_request(&scope, presented, &req.headers, false)?;
+        note(&req, |t| t.epoch = Some(write.request.token.epoch));
+        let (outcome, _head, write) = decide_early(&self.core, write, false)
+            .await
+            .map_err(|f| failure(&f))?;
+        if let Some((e, outcome)) = early_stop(&outcome) {
+            note(&req, |t| t.outcome = Some(outcome));
+            return Err(e);
+        }
+        let content_type = match input.content_type.clone() {
+            Some(t) if t.is_empty() || t.len() > 256 => {
+                return Err(error(
+                    S3ErrorCode::InvalidArgument,
+                    "Content-Type must be 1 to 256 bytes",
+                ));
+            }
+            t => t.unwrap_or_else(|| "application/octet-stream".to_owned()),
+        };
+        let meta = Meta {
+            length: 0,
+            sha256: [0; 32],
+            content_type,
+            op_id: write.request.op_id.clone(),
+            etag: None,
+        };
+        let (s, fence) = (scope.clone(), write.fence.clone());
+        let upload = self
+            .core
+            .work(false, move |store| store.begin_upload(&s, &fence, &meta))
+            .await
+            .map_err(|f| failure(&f))?;
+        note(&req, |t| t.outcome = Some("upload-started"));
+        Ok(S3Response::new(CreateMultipartUploadOutput {
+            bucket: Some(input.bucket.clone()),
+            key: Some(input.key.clone()),
+            upload_id: Some(upload.get().to_string()),
+            ..Default::default()
+        }))
+    }
+
+    pub(super) async fn upload_part(
+        &self,
+        mut req: S3Request<UploadPartInput>,
+    ) -> S3Result<S3Response<UploadPartOutput>> {
+        note(&req, |t| t.op = Some("put-part"));
+        let principal = self.principal(&req)?;
+        let input = &req.input;
+        let scope = self.scope(&input.bucket, &input.key)?;
+        Self::authorize(&principal, Right::Write, &scope)?;
+        let number = input.part_number;
+        if !(1..=MAX_PART_NUMBER).contains(&number) {
+            return Err(error(
+                S3ErrorCode::InvalidArgument,
+                "part numbers are 1 to 10000",
+            ));
+        }
+        let (upload, _) = self.upload_of(&input.upload_id, &scope).await?;
+        let s = scope.clone();
+        let object = self
+            .core
+            .work(false, move |store| store.stage_part(&s, upload))
+            .await
+            .map_err(|f| failure(&f))?;
+        let Some(body) = req.input.body.take() else {
+            cleanup(&self.core, object).await;
+            return Err(error(S3ErrorCode::IncompleteBody, "no body"));
+        };
+        let input = &req.input;
+        let declared = Declared {
+            algorithm: input.checksum_algorithm.clone(),
+            checksum: Checksum {
+                checksum_crc32: input.checksum_crc32.clone(),
+                checksum_crc32c: input.checksum_crc32c.clone(),
+                checksum_sha1: input.checksum_sha1.clone(),
+                checksum_sha256: input.checksum_sha256.clone(),
+                checksum_crc64nvme: input.checksum_crc64nvme.clone(),
+                ..Default::default()
+            },
+        };
+        let received = match receive(
+            &self.core,
+            object,
+            body,
+            input.content_length,
+            input.content_md5.as_deref(),
+            declared,
+            req.trailing_headers.as_ref(),
+        )
+        .await
+        {
+            Ok(r) => r,
+            Err(e) => {
+                cleanup(&self.core, object).await;
+                return Err(e);
+            }
+        };
+        let etag = hex(&received.md5);
+        let meta = Meta {
+            length: received.written.length,
+            sha256: received.written.sha256,
+            content_type: String::new(),
+            op_id: None,
+            etag: Some(etag.clone()),
+        };
+        if let Err(f) = self
+            .core
+            .work(false, move |store| {
+                store.add_part(upload, number, object, &meta)
+            })
+            .await
+        {
+            cleanup(&self.core, object).await;
+            return Err(failure(&f));
+        }
+        note(&req, |t| t.outcome = Some("part-stored"));
+        let c = received.checksum;
+        Ok(S3Response::new(UploadPartOutput {
+            e_tag: Some(ETag::Strong(etag)),
+            checksum_crc32: c.checksum_crc32,
+            checksum_crc32c: c.checksum_crc32c,
+            checksum_sha1: c.checksum_sha1,
+            checksum_sha256: c.checksum_sha256,
+            checksum_crc64nvme: c.checksum_crc64nvme,
+            ..Default::default()
+        }))
+    }
+
+    pub(super) async fn complete_upload(
+        &self,
+        req: S3Request<CompleteMultipartUploadInput>,
+    ) -> S3Result<S3Response<CompleteMultipartUploadOutput>> {
+        note(&req, |t| t.op = Some("put"));
+        let principal = self.principal(&req)?;
+        let input = &req.input;
+        let scope = self.scope(&input.bucket, &input.key)?;
+        Self::authorize(&principal, Right::Write, &scope)?;
+        if input.if_match.is_some() || input.if_none_match.is_some() {
+            // Refused rather than ignored: a condition nobody checks is a
+            // promise broken.
+            return Err(error(
+                S3ErrorCode::NotImplemented,
+                "If-Match / If-None-Match on CompleteMultipartUpload is not supported",
+            ));
+        }
+        let (upload, begun) = self.upload_of(&input.upload_id, &scope).await?;
+        // The token: Fence-Token on Complete, else the one the upload began
+        // under (checked again now: a newer writer may have come since).
+        let presented = match fence_token(&req.headers, None) {
+            Ok(t) => t,
+            Err(_) => begun.fence.parse().map_err(|_| {
+                error(
+                    S3ErrorCode::InternalError,
+                    "the upload's recorded token is unreadable",
+                )
+            })?,
+        };
+        let mut write = write_request(&scope, presented, &req.headers, false)?;
+        if write.request.op_id.is_none()
+            && let Some(op_id) = begun.op_id.clone()
+        {
+            // A repeated Complete of one upload is then a duplicate, not
+            // a stale write (the token may repeat under an op-id).
+            write.request.op_id = Some(op_id);
+            write.request.policy = fencecheck::Policy::AllowEqual;
+        }
+        note(&req, |t| t.epoch = Some(write.request.token.epoch));
+        let (outcome, _head, write) = decide_early(&self.core, write, false)
+            .await
+            .map_err(|f| failure(&f))?;
+        if let Some((e, outcome)) = early_stop(&outcome) {
+            note(&req, |t| t.outcome = Some(outcome));
+            return Err(e);
+        }
+        let stored = self
+            .core
+            .work(true, move |s| s.parts(upload))
+            .await
+            .map_err(|f| failure(&f))?;
+        let chosen = choose_parts(input, &stored)?;
+        // The object: the parts' bytes, in order, into one new blob.
+        let fence = write.fence.clone();
+        let s = scope.clone();
+        let object = self
+            .core
+            .work(false, move |store| store.stage(&s, Kind::Blob, &fence))
+            .await
+            .map_err(|f| failure(&f))?;
+        let written = match concatenate(&self.core, object, &chosen).await {
+            Ok(w) => w,
+            Err(e) => {
+                cleanup(&self.core, object).await;
+                return Err(e);
+            }
+        };
+        let mut md5s = Md5::new();
+        for part in &chosen {
+            let digest = decode_hex(&part.etag).ok_or_else(|| {
+                error(
+                    S3ErrorCode::InternalError,
+                    "a part's recorded MD5 is unreadable",
+                )
+            })?;
+            md5s.update(digest);
+        }
+        let etag = format!("{}-{}", hex(&md5s.finalize()), chosen.len());
+        let meta = Meta {
+            length: written.length,
+            sha256: written.sha256,
+            content_type: begun
+                .content_type
+                .clone()
+                .unwrap_or_else(|| "application/octet-stream".to_owned()),
+            op_id: write.request.op_id.clone(),
+            etag: Some(etag.clone()),
+        };
+        let (version, fence) = answer_publish(&self.core, &req, &write, object, meta).await?;
+        // Published: the upload and its parts are done.
+        self.drop_upload(upload).await;
+        let mut response = S3Response::new(CompleteMultipartUploadOutput {
+            bucket: Some(input.bucket.clone()),
+            key: Some(input.key.clone()),
+            e_tag: Some(ETag::Strong(etag)),
+            version_id: Some(version.to_string()),
+            ..Default::default()
+        });
+        if let Ok(v) = http::HeaderValue::from_str(&fence) {
+            response.headers.insert("fence-token", v);
+        }
+        Ok(response)
+    }
+
+    pub(super) async fn abort_upload(
+        &self,
+        req: S3Request<AbortMultipartUploadInput>,
+    ) -> S3Result<S3Response<AbortMultipartUploadOutput>> {
+        note(&req, |t| t.op = Some("put"));
+        let principal = self.principal(&req)?;
+        let input = &req.input;
+        let scope = self.scope(&input.bucket, &input.key)?;
+        Self::authorize(&principal, Right::Write, &scope)?;
+        let (upload, _) = self.upload_of(&input.upload_id, &scope).await?;
+        self.drop_upload(upload).await;
+        note(&req, |t| t.outcome = Some("upload-aborted"));
+        Ok(S3Response::new(AbortMultipartUploadOutput::default()))
+    }
+}
+
+/// The parts Complete names, checked against the stored ones: ascending
+/// numbers, each stored with the ETag given, all but the last at least
+/// 5 MiB (S3's rules).
+fn choose_parts(input: &CompleteMultipartUploadInput, stored: &[Part]) -> S3Result<Vec<Part>> {
+    let listed = input
+        .multipart_upload
+        .as_ref()
+        .and_then(|m| m.parts.as_ref())
+        .filter(|p| !p.is_empty())
+        .ok_or_else(|| error(S3ErrorCode::MalformedXML, "name at least one part"))?;
+    let mut chosen: Vec<Part> = Vec::with_capacity(listed.len());
+    for given in listed {
+        let number = given
+            .part_number
+            .ok_or_else(|| error(S3ErrorCode::InvalidPart, "a part without a number"))?;
+        if chosen.last().is_some_and(|p| p.number >= number) {
+            return Err(error(
+                S3ErrorCode::InvalidPartOrder,
+                "parts must be listed in ascending order",
+            ));
+        }
+        let part = stored.iter().find(|p| p.number == number).ok_or_else(|| {
+            error(
+                S3ErrorCode::InvalidPart,
+                format!("part {number} was not uploaded"),
+            )
+        })?;
+        if given.e_tag.as_ref().is_some_and(|e| e.value() != part.etag) {
+            return Err(error(
+                S3ErrorCode::InvalidPart,
+                format!("part {number}'s ETag is not the uploaded one"),
+            ));
+        }
+        chosen.push(part.clone());
+    }
+    if let Some(small) = chosen[..chosen.len() - 1]
+        .iter()
+        .find(|p| p.length < MIN_PART)
+    {
+        return Err(error(
+            S3ErrorCode::EntityTooSmall,
+            format!("part {} is under 5 MiB and not the last", small.number),
+        ));
+    }
+    Ok(chosen)
+}
+
+/// Copy the parts' blobs, in order, into `object`'s blob.
+async fn concatenate(
+    core: &crate::http::Core,
+    object: ObjectId,
+    parts: &[Part],
+) -> S3Result<crate::blobs::Written> {
+    let total: u64 = parts.iter().map(|p| p.length).sum();
+    let mut writer = core
+        .blobs
+        .create(object, Some(total))
+        .await
+        .map_err(|e| storage(&e))?;
+    let mut buf = vec![0u8; 256 << 10];
+    for part in parts {
+        let Some((mut reader, length)) = core
+            .blobs
+            .open(part.object, None)
+            .await
+            .map_err(|e| storage(&e))?
+        else {
+            return Err(error(
+                S3ErrorCode::InvalidPart,
+                format!("part {}'s blob is gone (expired?)", part.number),
+            ));
+        };
+        if length != part.length {
+            return Err(error(
+                S3ErrorCode::InternalError,
+                format!("part {}'s blob differs from its record", part.number),
+            ));
+        }
+        while reader.left() > 0 {
+            let chunk = reader
+                .next(&mut buf)
+                .await
+                .map_err(|e| storage(&e))?
+                .ok_or_else(|| {
+                    error(
+                        S3ErrorCode::InternalError,
+                        format!("part {}'s blob is shorter than recorded", part.number),
+                    )
+                })?;
+            writer.write(chunk).await.map_err(|e| storage(&e))?;
+        }
+        core.blobs.done(reader).await;
+    }
+    core.blobs.finish(writer).await.map_err(|e| storage(&e))
+}
+
+fn decode_hex(text: &str) -> Option<[u8; 16]> {
+    if text.len() != 32 {
+        return None;
+    }
+    let mut out = [0u8; 16];
+    for (i, pair) in text.as_bytes().chunks(2).enumerate() {
+        out[i] = u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok()?;
+    }
+    Some(out)
+}
