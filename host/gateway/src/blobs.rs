@@ -1,5 +1,6 @@
-//! Where blob bytes live: files in a directory, or a real HTTP file server
-//! (nginx WebDAV) reached through Pingora's pooled connector. A blob is named
+//! Where blob bytes live: files in a directory, a real HTTP file server
+//! (nginx WebDAV) reached through Pingora's pooled connector, or an S3
+//! bucket (`object_store`: signed requests, multipart for large blobs). A blob is named
 //! `STORE-ID` (the store's random id, then the never-reused object id), so
 //! two gateways sharing one directory or one upstream never name a blob
 //! alike; a blob is created new, never over an existing one.
@@ -8,9 +9,21 @@
 //! directory entry, before the publish that makes it visible. On an
 //! upstream, the gateway has the server's 2xx and nothing more: nginx's
 //! WebDAV PUT writes a temporary file and renames it, and does not fsync.
+//! On S3, a blob is written once the PUT (or the multipart Complete) is
+//! answered: the store's own durability.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
+
+use futures_util::StreamExt;
+use futures_util::stream::BoxStream;
+use object_store::aws::AmazonS3Builder;
+use object_store::path::Path as S3Path;
+use object_store::{
+    ClientOptions, GetOptions, GetRange, ObjectStore, PutMode, PutOptions, PutPayload,
+    WriteMultipart,
+};
 
 use bytes::Bytes;
 use fencecheck_sqlite::ObjectId;
@@ -38,6 +51,42 @@ pub enum Place {
     Dir(PathBuf),
     /// `PUT`/`GET`/`HEAD`/`DELETE <prefix><name>` on an HTTP server.
     Upstream(Box<Upstream>),
+    /// Objects `fencecheck-blobs/<name>` in an S3 bucket.
+    S3(Arc<dyn ObjectStore>),
+}
+
+/// Where blobs go in an S3 bucket.
+const S3_DIR: &str = "fencecheck-blobs";
+/// Blobs up to this size are one PUT; larger ones a multipart upload of
+/// parts this size (S3's least part is 5 MiB).
+const S3_PART: usize = 8 << 20;
+/// Parts of one blob uploaded at once.
+const S3_CONCURRENCY: usize = 4;
+
+/// An S3 bucket for blobs (`--s3-upstream URL --s3-bucket NAME`), with
+/// credentials and region from the environment (`AWS_ACCESS_KEY_ID`,
+/// `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`, `AWS_REGION`).
+pub fn s3_store(url: &str, bucket: &str, timeout: Duration) -> Result<Arc<dyn ObjectStore>, Error> {
+    let bad = |why: String| Error::Config(format!("--s3-upstream {url:?}: {why}"));
+    if !(url.starts_with("http://") || url.starts_with("https://")) {
+        return Err(bad("an http:// or https:// URL".into()));
+    }
+    let mut builder = AmazonS3Builder::from_env()
+        .with_endpoint(url)
+        .with_bucket_name(bucket)
+        .with_virtual_hosted_style_request(false)
+        .with_client_options(
+            ClientOptions::new()
+                .with_allow_http(url.starts_with("http://"))
+                .with_connect_timeout(timeout)
+                .with_timeout(timeout.max(Duration::from_secs(30))),
+        );
+    if std::env::var_os("AWS_REGION").is_none() && std::env::var_os("AWS_DEFAULT_REGION").is_none()
+    {
+        builder = builder.with_region("us-east-1");
+    }
+    let store = builder.build().map_err(|e| bad(e.to_string()))?;
+    Ok(Arc::new(store))
 }
 
 /// An HTTP file server with WebDAV PUT and DELETE.
@@ -178,6 +227,13 @@ enum Sink {
     File(tokio::fs::File),
     /// A PUT in progress.
     Upstream(Box<HttpSession>),
+    /// An S3 blob: buffered up to one part, then a multipart upload.
+    S3 {
+        bucket: Arc<dyn ObjectStore>,
+        path: S3Path,
+        buffer: Vec<u8>,
+        upload: Multipart,
+    },
 }
 
 /// A written blob: how many bytes, and their SHA-256.
@@ -201,6 +257,8 @@ enum Source {
     File(tokio::fs::File),
     /// A GET response in progress.
     Upstream(Box<HttpSession>),
+    /// An S3 GET in progress.
+    S3(BoxStream<'static, object_store::Result<Bytes>>),
 }
 
 /// One entry of the collector's view of the blob store.
@@ -227,6 +285,18 @@ impl Blobs {
             store: store.to_owned(),
             place: Place::Upstream(Box::new(upstream)),
         }
+    }
+
+    /// Blobs in an S3 bucket (see [`s3_store`]), named with `store`'s prefix.
+    pub fn s3(bucket: Arc<dyn ObjectStore>, store: &str) -> Self {
+        Self {
+            store: store.to_owned(),
+            place: Place::S3(bucket),
+        }
+    }
+
+    fn s3_path(&self, object: ObjectId) -> S3Path {
+        S3Path::from(format!("{S3_DIR}/{}", self.name(object)))
     }
 
     /// The blob name of `object`.
@@ -275,6 +345,12 @@ impl Blobs {
                 let headers = [framing, ("If-None-Match", "*".to_owned())];
                 Sink::Upstream(up.start("PUT", &self.name(object), &headers).await?)
             }
+            Place::S3(bucket) => Sink::S3 {
+                bucket: bucket.clone(),
+                path: self.s3_path(object),
+                buffer: Vec::new(),
+                upload: Multipart(None),
+            },
         };
         Ok(BlobWriter {
             sink,
@@ -305,6 +381,11 @@ impl Blobs {
                     s => Err(upstream_status("sizing a blob", s)),
                 }
             }
+            Place::S3(bucket) => match bucket.head(&self.s3_path(object)).await {
+                Ok(meta) => Ok(Some(meta.size)),
+                Err(object_store::Error::NotFound { .. }) => Ok(None),
+                Err(e) => Err(s3("sizing a blob", e)),
+            },
         }
     }
 
@@ -384,6 +465,32 @@ impl Blobs {
                     }),
                 }
             }
+            Place::S3(bucket) => {
+                let options = GetOptions {
+                    range: range.map(|(s, e)| GetRange::Bounded(s..e + 1)),
+                    ..GetOptions::default()
+                };
+                let got = match bucket.get_opts(&self.s3_path(object), options).await {
+                    Ok(got) => got,
+                    Err(object_store::Error::NotFound { .. }) => return Ok(None),
+                    Err(e) => return Err(s3("reading a blob", e)),
+                };
+                let total = got.meta.size;
+                let left = got.range.end - got.range.start;
+                if range.is_some_and(|(s, e)| got.range != (s..e + 1)) {
+                    return Err(Error::Upstream {
+                        doing: "reading a blob",
+                        detail: "S3 returned another range".into(),
+                    });
+                }
+                Ok(Some((
+                    BlobReader {
+                        source: Source::S3(got.into_stream()),
+                        left,
+                    },
+                    total,
+                )))
+            }
         }
     }
 
@@ -402,6 +509,10 @@ impl Blobs {
                     s => Err(upstream_status("deleting a blob", s)),
                 }
             }
+            Place::S3(bucket) => match bucket.delete(&self.s3_path(object)).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+                Err(e) => Err(s3("deleting a blob", e)),
+            },
         }
     }
 
@@ -436,6 +547,34 @@ impl Blobs {
                     return Err(upstream_status("uploading a blob", status));
                 }
             }
+            (
+                Place::S3(_),
+                Sink::S3 {
+                    bucket,
+                    path,
+                    buffer,
+                    mut upload,
+                },
+            ) => match upload.0.take() {
+                // Small: one PUT, refused if the name exists (as on WebDAV).
+                None => {
+                    let options = PutOptions {
+                        mode: PutMode::Create,
+                        ..PutOptions::default()
+                    };
+                    bucket
+                        .put_opts(&path, PutPayload::from(buffer), options)
+                        .await
+                        .map_err(|e| s3("uploading a blob", e))?;
+                }
+                Some(mut upload) => {
+                    upload.write(&buffer);
+                    upload
+                        .finish()
+                        .await
+                        .map_err(|e| s3("completing a blob's upload", e))?;
+                }
+            },
             _ => {
                 return Err(Error::Config("a writer of another blob store".into()));
             }
@@ -508,8 +647,37 @@ impl Blobs {
                     }
                 }
             }
+            Place::S3(bucket) => {
+                let dir = S3Path::from(S3_DIR);
+                let mut listing = bucket.list(Some(&dir));
+                while let Some(meta) = listing.next().await {
+                    let meta = meta.map_err(|e| s3("listing blobs", e))?;
+                    if let Some(object) = meta.location.filename().and_then(|n| self.object_of(n)) {
+                        out.push(Stored {
+                            object,
+                            modified: SystemTime::from(meta.last_modified),
+                        });
+                    }
+                }
+            }
         }
         Ok(Some(out))
+    }
+}
+
+/// An S3 multipart upload, aborted if dropped unfinished (else S3 keeps its
+/// parts until a lifecycle rule removes them).
+struct Multipart(Option<WriteMultipart>);
+
+impl Drop for Multipart {
+    fn drop(&mut self) {
+        if let Some(upload) = self.0.take()
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            runtime.spawn(async move {
+                let _ = upload.abort().await;
+            });
+        }
     }
 }
 
@@ -529,6 +697,35 @@ impl BlobWriter {
                 .write_request_body(chunk, false)
                 .await
                 .map_err(upstream("uploading a blob")),
+            Sink::S3 {
+                bucket,
+                path,
+                buffer,
+                upload,
+            } => {
+                buffer.extend_from_slice(&chunk);
+                if buffer.len() < S3_PART {
+                    return Ok(());
+                }
+                // Over one part: a multipart upload, parts sent as they
+                // fill, at most S3_CONCURRENCY at once (memory stays bounded).
+                if upload.0.is_none() {
+                    let started = bucket
+                        .put_multipart(path)
+                        .await
+                        .map_err(|e| s3("starting a blob's upload", e))?;
+                    upload.0 = Some(WriteMultipart::new_with_chunk_size(started, S3_PART));
+                }
+                if let Some(upload) = upload.0.as_mut() {
+                    upload
+                        .wait_for_capacity(S3_CONCURRENCY)
+                        .await
+                        .map_err(|e| s3("uploading a blob's part", e))?;
+                    upload.write(buffer);
+                    buffer.clear();
+                }
+                Ok(())
+            }
         }
     }
 
@@ -564,10 +761,22 @@ impl BlobReader {
                 .read_response_body()
                 .await
                 .map_err(upstream("reading a blob"))?,
+            Source::S3(stream) => stream
+                .next()
+                .await
+                .transpose()
+                .map_err(|e| s3("reading a blob", e))?,
         };
         if let Some(chunk) = &chunk {
             self.left = self.left.saturating_sub(chunk.len() as u64);
         }
         Ok(chunk)
+    }
+}
+
+fn s3(doing: &'static str, e: object_store::Error) -> Error {
+    Error::Upstream {
+        doing,
+        detail: e.to_string(),
     }
 }

@@ -51,7 +51,7 @@ pub use auth::{
     Auth, Caller, MAX_PRINCIPAL_NAME, MIN_S3_SECRET, Principal, Principals, Right, S3Secret,
     Unauthenticated,
 };
-pub use blobs::{BlobReader, BlobWriter, Blobs, Stored, Upstream, Written};
+pub use blobs::{BlobReader, BlobWriter, Blobs, Stored, Upstream, Written, s3_store};
 pub use collector::Collector;
 pub use error::Error;
 pub use http::{Config, Ctx, Gateway, Guarded, Limits, Pace};

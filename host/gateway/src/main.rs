@@ -11,7 +11,7 @@ use fencecheck_authority::{
 };
 use fencecheck_gateway::{
     Auth, Blobs, Collector, Config, Gateway, Guarded, Limits, Metrics, Pace, PgConnect, Reloader,
-    Store, Upstream,
+    Store, Upstream, s3_store,
 };
 use pingora::server::Server;
 use pingora::server::configuration::ServerConf;
@@ -60,6 +60,20 @@ struct Args {
     /// http://127.0.0.1:8081/blobs/
     #[arg(long)]
     upstream: Option<String>,
+    /// Keep blobs in an S3 bucket at this endpoint (with --s3-bucket;
+    /// credentials and region from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
+    /// AWS_SESSION_TOKEN, AWS_REGION), under fencecheck-blobs/. Pointers and
+    /// fence states stay in SQLite or PostgreSQL.
+    #[arg(
+        long,
+        value_name = "URL",
+        requires = "s3_bucket",
+        conflicts_with = "upstream"
+    )]
+    s3_upstream: Option<String>,
+    /// The bucket of --s3-upstream (it must exist).
+    #[arg(long, value_name = "NAME", requires = "s3_upstream")]
+    s3_bucket: Option<String>,
     /// Seconds for connecting to the upstream and for each read or write.
     #[arg(long, default_value_t = 10)]
     upstream_timeout: u64,
@@ -223,12 +237,16 @@ fn main() -> anyhow::Result<()> {
     };
     let store = Arc::new(store);
 
-    let blobs = Arc::new(match &args.upstream {
-        Some(url) => Blobs::upstream(
+    let blobs = Arc::new(match (&args.upstream, &args.s3_upstream, &args.s3_bucket) {
+        (Some(url), _, _) => Blobs::upstream(
             Upstream::new(url, Duration::from_secs(args.upstream_timeout))?,
             store.id(),
         ),
-        None => {
+        (None, Some(url), Some(bucket)) => Blobs::s3(
+            s3_store(url, bucket, Duration::from_secs(args.upstream_timeout))?,
+            store.id(),
+        ),
+        _ => {
             let dir = args.data.join("blobs");
             std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
             Blobs::dir(dir, store.id())
