@@ -501,6 +501,19 @@ fn s3_upstream_keeps_the_blobs() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The history test over S3, with the S3 upstream in place: eight boto3
+/// writers of one key with random tokens; applied tokens rise strictly in
+/// version order, every refusal names a highest at least the presented
+/// token, and the key ends with the last applied body.
+#[test]
+fn s3_history_holds_the_fence() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (gw, _upstream) =
+        start_on_s3(&dir.path().join("data"), &dir.path().join("upstream"), &[])?;
+    boto3(&gw, "history", &[])?;
+    Ok(())
+}
+
 /// An auth file that holds secret access keys and that others can read is
 /// refused at startup.
 #[test]

@@ -274,6 +274,60 @@ def multipart():
     assert got["ETag"] == out["ETag"]
 
 
+def parse_token(text):
+    epoch, counter = text.rsplit(":", 1)[-1].split(".")
+    return int(epoch), int(counter)
+
+
+def history():
+    """Concurrent writers of one key, each PUT with a random token; the
+    history must hold the fence: in version order the applied tokens rise
+    strictly, every StaleFence names a highest at least the presented
+    token, and the key ends with the last applied write."""
+    import random
+    import threading
+
+    threads, writes = 8, 25
+    key = "history/k"
+    log, lock = [], threading.Lock()
+
+    def writer(n):
+        c = client()
+        rng = random.Random(n)
+        for i in range(writes):
+            token = f"1.{rng.randrange(1, 400)}"
+            body = f"{n}-{i}-{token}".encode()
+            try:
+                r = c.put_object(Bucket="reports", Key=key, Body=body, Metadata={"fence-token": token})
+                entry = ("applied", token, int(r["VersionId"]), body)
+            except botocore.exceptions.ClientError as e:
+                code = e.response["Error"]["Code"]
+                assert code == "StaleFence", e.response["Error"]
+                highest = e.response["ResponseMetadata"]["HTTPHeaders"]["fence-token-highest"]
+                entry = ("stale", token, highest, body)
+            with lock:
+                log.append(entry)
+
+    pool = [threading.Thread(target=writer, args=(n,)) for n in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    assert len(log) == threads * writes, len(log)
+    applied = sorted((e for e in log if e[0] == "applied"), key=lambda e: e[2])
+    assert applied, "nothing applied"
+    for before, after in zip(applied, applied[1:]):
+        assert after[2] > before[2], ("a version twice", before, after)
+        assert parse_token(after[1]) > parse_token(before[1]), ("a token went back", before, after)
+    for e in log:
+        if e[0] == "stale":
+            assert parse_token(e[2]) >= parse_token(e[1]), ("stale under a lower highest", e)
+    last = applied[-1]
+    got = client().get_object(Bucket="reports", Key=key)
+    assert got["Body"].read() == last[3] and got["VersionId"] == str(last[2])
+    print(f"history: {len(applied)} applied, {len(log) - len(applied)} stale")
+
+
 def begin_only():
     """Begin an upload and store two parts, never completing it (the test
     then kills the gateway)."""
