@@ -4,6 +4,7 @@
 pub mod history;
 pub mod netns;
 pub mod pgserver;
+pub mod s3server;
 pub mod upgrade;
 
 use std::path::PathBuf;

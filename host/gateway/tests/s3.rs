@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{Context, ensure};
-use common::s3fs::{self, S3Server};
+use fencecheck_tests::s3server::{self as s3fs, S3Server};
 use common::{Gateway, ROOT_SECRET, sha256_hex};
 use serde_json::json;
 

@@ -15,7 +15,6 @@ use anyhow::{Context, bail};
 pub mod nginx;
 pub mod pki;
 pub mod relay;
-pub mod s3fs;
 
 /// The secret of the principal [`Gateway::start_authed`] configures.
 pub const ROOT_SECRET: &str = "s3cret-root-7f1d9a";

@@ -1,6 +1,7 @@
-//! An S3 server in the test process: `s3s-fs` (a directory per bucket)
-//! behind hyper on a free loopback port, signed with one key. The
-//! `--s3-upstream` tests point the gateway at it.
+//! An S3 server in the calling process: `s3s-fs` (a directory per bucket)
+//! behind hyper on a free loopback port, signed with one key. The gateway's
+//! `--s3-upstream` tests and its S3 benchmark point the gateway at it, and
+//! the benchmark's baseline talks to it directly.
 
 use std::path::Path;
 use std::thread::JoinHandle;
@@ -10,12 +11,14 @@ use hyper_util::server::conn::auto::Builder;
 use s3s::auth::SimpleAuth;
 use s3s::service::S3ServiceBuilder;
 
-/// The upstream's credentials.
+/// The server's access key id.
 pub const KEY: &str = "AKIAUPSTREAM0001";
+/// The server's secret access key.
 pub const SECRET: &str = "upstreamSecretAccessKey0123456789abcdef";
 
 /// A running server; stopped on drop.
 pub struct S3Server {
+    /// `127.0.0.1:PORT`.
     pub addr: String,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<JoinHandle<()>>,
