@@ -77,7 +77,13 @@ fn start_gateway(dir: &Path, upstream: &str) -> anyhow::Result<(GatewayProcess, 
         .arg(dir.join("data"))
         .arg("--auth")
         .arg(&auth)
-        .args(["--bucket", "reports", "--s3-bucket", "blobs", "--s3-upstream"])
+        .args([
+            "--bucket",
+            "reports",
+            "--s3-bucket",
+            "blobs",
+            "--s3-upstream",
+        ])
         .arg(format!("http://{upstream}"))
         .env("AWS_ACCESS_KEY_ID", s3server::KEY)
         .env("AWS_SECRET_ACCESS_KEY", s3server::SECRET)
@@ -157,8 +163,7 @@ fn bench(c: &mut Criterion) -> anyhow::Result<()> {
                     for _ in 0..iters {
                         let options = fenced();
                         let started = Instant::now();
-                        let result =
-                            runtime.block_on(store.put_opts(&path, body.clone(), options));
+                        let result = runtime.block_on(store.put_opts(&path, body.clone(), options));
                         let took = started.elapsed();
                         if let Err(e) = result {
                             panic!("{case}: {e}");
@@ -175,9 +180,8 @@ fn bench(c: &mut Criterion) -> anyhow::Result<()> {
                     let mut total = Duration::ZERO;
                     for _ in 0..iters {
                         let started = Instant::now();
-                        let result = runtime.block_on(async {
-                            store.get(&path).await?.bytes().await
-                        });
+                        let result =
+                            runtime.block_on(async { store.get(&path).await?.bytes().await });
                         let took = started.elapsed();
                         match result {
                             Ok(bytes) if bytes.len() == size => {}

@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{Context, ensure};
-use fencecheck_tests::s3server::{self as s3fs, S3Server};
 use common::{Gateway, ROOT_SECRET, sha256_hex};
+use fencecheck_tests::s3server::{self as s3fs, S3Server};
 use serde_json::json;
 
 const KEY: &str = "AKIAFENCECHECKROOT";
@@ -508,8 +508,7 @@ fn s3_upstream_keeps_the_blobs() -> anyhow::Result<()> {
 #[test]
 fn s3_history_holds_the_fence() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let (gw, _upstream) =
-        start_on_s3(&dir.path().join("data"), &dir.path().join("upstream"), &[])?;
+    let (gw, _upstream) = start_on_s3(&dir.path().join("data"), &dir.path().join("upstream"), &[])?;
     boto3(&gw, "history", &[])?;
     Ok(())
 }

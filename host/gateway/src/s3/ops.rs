@@ -83,6 +83,22 @@ impl Objects {
         Ok(principal)
     }
 
+    /// A write's fenced key, once its signer holds `write` on it (`op`:
+    /// the metrics' operation label).
+    pub(super) fn writer<T>(
+        &self,
+        req: &S3Request<T>,
+        op: &'static str,
+        bucket: &str,
+        key: &str,
+    ) -> S3Result<String> {
+        note(req, |t| t.op = Some(op));
+        let principal = self.principal(req)?;
+        let scope = self.scope(bucket, key)?;
+        Self::authorize(&principal, Right::Write, &scope)?;
+        Ok(scope)
+    }
+
     /// Refuse unless `principal` holds `right` on `scope`.
     pub(super) fn authorize(principal: &Principal, right: Right, scope: &str) -> S3Result<()> {
         if principal.may(right, scope) {
@@ -430,6 +446,23 @@ pub(super) struct Declared {
 }
 
 impl Declared {
+    /// From a request's algorithm and its CRC32, CRC32C, SHA1, SHA256 and
+    /// CRC64NVME header values.
+    pub fn new(algorithm: Option<ChecksumAlgorithm>, values: [&Option<String>; 5]) -> Self {
+        let [crc32, crc32c, sha1, sha256, crc64nvme] = values.map(Clone::clone);
+        Self {
+            algorithm,
+            checksum: Checksum {
+                checksum_crc32: crc32,
+                checksum_crc32c: crc32c,
+                checksum_sha1: sha1,
+                checksum_sha256: sha256,
+                checksum_crc64nvme: crc64nvme,
+                ..Default::default()
+            },
+        }
+    }
+
     fn hasher(&self) -> S3Result<ChecksumHasher> {
         let mut h = ChecksumHasher::default();
         let c = &self.checksum;
@@ -596,6 +629,26 @@ pub(super) async fn receive(
     })
 }
 
+/// [`receive`] into a staged object, which is dropped if anything fails
+/// (no body included). `declared`: Content-Length and Content-MD5.
+pub(super) async fn receive_staged(
+    core: &Core,
+    object: ObjectId,
+    body: Option<StreamingBlob>,
+    (length, md5): (Option<i64>, Option<&str>),
+    checksums: Declared,
+    trailers: Option<&s3s::TrailingHeaders>,
+) -> S3Result<Received> {
+    let result = match body {
+        Some(body) => receive(core, object, body, length, md5, checksums, trailers).await,
+        None => Err(error(S3ErrorCode::IncompleteBody, "no body")),
+    };
+    if result.is_err() {
+        cleanup(core, object).await;
+    }
+    result
+}
+
 pub(super) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -732,11 +785,8 @@ impl S3 for Objects {
         &self,
         req: S3Request<PutObjectInput>,
     ) -> S3Result<S3Response<PutObjectOutput>> {
-        note(&req, |t| t.op = Some("put"));
-        let principal = self.principal(&req)?;
+        let scope = self.writer(&req, "put", &req.input.bucket, &req.input.key)?;
         let input = &req.input;
-        let scope = self.scope(&input.bucket, &input.key)?;
-        Self::authorize(&principal, Right::Write, &scope)?;
         let presented = match fence_token(&req.headers, input.metadata.as_ref()) {
             Ok(t) => t,
             Err(e) => {
@@ -777,39 +827,27 @@ impl S3 for Objects {
             .await
             .map_err(|f| failure(&f))?;
         let mut req = req;
-        let Some(body) = req.input.body.take() else {
-            cleanup(&self.core, object).await;
-            return Err(error(S3ErrorCode::IncompleteBody, "no body"));
-        };
+        let body = req.input.body.take();
         let input = &req.input;
-        let declared = Declared {
-            algorithm: input.checksum_algorithm.clone(),
-            checksum: Checksum {
-                checksum_crc32: input.checksum_crc32.clone(),
-                checksum_crc32c: input.checksum_crc32c.clone(),
-                checksum_sha1: input.checksum_sha1.clone(),
-                checksum_sha256: input.checksum_sha256.clone(),
-                checksum_crc64nvme: input.checksum_crc64nvme.clone(),
-                ..Default::default()
-            },
-        };
-        let received = match receive(
+        let declared = Declared::new(
+            input.checksum_algorithm.clone(),
+            [
+                &input.checksum_crc32,
+                &input.checksum_crc32c,
+                &input.checksum_sha1,
+                &input.checksum_sha256,
+                &input.checksum_crc64nvme,
+            ],
+        );
+        let received = receive_staged(
             &self.core,
             object,
             body,
-            input.content_length,
-            input.content_md5.as_deref(),
+            (input.content_length, input.content_md5.as_deref()),
             declared,
             req.trailing_headers.as_ref(),
         )
-        .await
-        {
-            Ok(r) => r,
-            Err(e) => {
-                cleanup(&self.core, object).await;
-                return Err(e);
-            }
-        };
+        .await?;
         let etag = hex(&received.md5);
         let meta = Meta {
             length: received.written.length,
@@ -964,11 +1002,7 @@ impl S3 for Objects {
         &self,
         req: S3Request<DeleteObjectInput>,
     ) -> S3Result<S3Response<DeleteObjectOutput>> {
-        note(&req, |t| t.op = Some("delete"));
-        let principal = self.principal(&req)?;
-        let input = &req.input;
-        let scope = self.scope(&input.bucket, &input.key)?;
-        Self::authorize(&principal, Right::Write, &scope)?;
+        let scope = self.writer(&req, "delete", &req.input.bucket, &req.input.key)?;
         let presented = match fence_token(&req.headers, None) {
             Ok(t) => t,
             Err(e) => {

@@ -6,7 +6,7 @@
 
 use md5::{Digest, Md5};
 use s3s::dto::{
-    AbortMultipartUploadInput, AbortMultipartUploadOutput, Checksum, CompleteMultipartUploadInput,
+    AbortMultipartUploadInput, AbortMultipartUploadOutput, CompleteMultipartUploadInput,
     CompleteMultipartUploadOutput, CreateMultipartUploadInput, CreateMultipartUploadOutput, ETag,
     UploadPartInput, UploadPartOutput,
 };
@@ -14,10 +14,9 @@ use s3s::{S3ErrorCode, S3Request, S3Response, S3Result};
 
 use super::error;
 use super::ops::{
-    Declared, Objects, answer_publish, early_stop, failure, fence_token, hex, note, receive,
+    Declared, Objects, answer_publish, early_stop, failure, fence_token, hex, note, receive_staged,
     storage, write_request,
 };
-use crate::auth::Right;
 use crate::http::objects::{cleanup, decide_early};
 use crate::store::{Kind, Meta, Part, Upload};
 use fencecheck_sqlite::ObjectId;
@@ -74,11 +73,8 @@ impl Objects {
         &self,
         req: S3Request<CreateMultipartUploadInput>,
     ) -> S3Result<S3Response<CreateMultipartUploadOutput>> {
-        note(&req, |t| t.op = Some("put"));
-        let principal = self.principal(&req)?;
+        let scope = self.writer(&req, "put", &req.input.bucket, &req.input.key)?;
         let input = &req.input;
-        let scope = self.scope(&input.bucket, &input.key)?;
-        Self::authorize(&principal, Right::Write, &scope)?;
         let presented = fence_token(&req.headers, input.metadata.as_ref()).inspect_err(|_| {
             note(&req, |t| t.outcome = Some("missing-token"));
         })?;
@@ -126,11 +122,8 @@ impl Objects {
         &self,
         mut req: S3Request<UploadPartInput>,
     ) -> S3Result<S3Response<UploadPartOutput>> {
-        note(&req, |t| t.op = Some("put-part"));
-        let principal = self.principal(&req)?;
+        let scope = self.writer(&req, "put-part", &req.input.bucket, &req.input.key)?;
         let input = &req.input;
-        let scope = self.scope(&input.bucket, &input.key)?;
-        Self::authorize(&principal, Right::Write, &scope)?;
         let number = input.part_number;
         if !(1..=MAX_PART_NUMBER).contains(&number) {
             return Err(error(
@@ -145,39 +138,27 @@ impl Objects {
             .work(false, move |store| store.stage_part(&s, upload))
             .await
             .map_err(|f| failure(&f))?;
-        let Some(body) = req.input.body.take() else {
-            cleanup(&self.core, object).await;
-            return Err(error(S3ErrorCode::IncompleteBody, "no body"));
-        };
+        let body = req.input.body.take();
         let input = &req.input;
-        let declared = Declared {
-            algorithm: input.checksum_algorithm.clone(),
-            checksum: Checksum {
-                checksum_crc32: input.checksum_crc32.clone(),
-                checksum_crc32c: input.checksum_crc32c.clone(),
-                checksum_sha1: input.checksum_sha1.clone(),
-                checksum_sha256: input.checksum_sha256.clone(),
-                checksum_crc64nvme: input.checksum_crc64nvme.clone(),
-                ..Default::default()
-            },
-        };
-        let received = match receive(
+        let declared = Declared::new(
+            input.checksum_algorithm.clone(),
+            [
+                &input.checksum_crc32,
+                &input.checksum_crc32c,
+                &input.checksum_sha1,
+                &input.checksum_sha256,
+                &input.checksum_crc64nvme,
+            ],
+        );
+        let received = receive_staged(
             &self.core,
             object,
             body,
-            input.content_length,
-            input.content_md5.as_deref(),
+            (input.content_length, input.content_md5.as_deref()),
             declared,
             req.trailing_headers.as_ref(),
         )
-        .await
-        {
-            Ok(r) => r,
-            Err(e) => {
-                cleanup(&self.core, object).await;
-                return Err(e);
-            }
-        };
+        .await?;
         let etag = hex(&received.md5);
         let meta = Meta {
             length: received.written.length,
@@ -213,11 +194,8 @@ impl Objects {
         &self,
         req: S3Request<CompleteMultipartUploadInput>,
     ) -> S3Result<S3Response<CompleteMultipartUploadOutput>> {
-        note(&req, |t| t.op = Some("put"));
-        let principal = self.principal(&req)?;
+        let scope = self.writer(&req, "put", &req.input.bucket, &req.input.key)?;
         let input = &req.input;
-        let scope = self.scope(&input.bucket, &input.key)?;
-        Self::authorize(&principal, Right::Write, &scope)?;
         if input.if_match.is_some() || input.if_none_match.is_some() {
             // Refused rather than ignored: a condition nobody checks is a
             // promise broken.
@@ -317,11 +295,8 @@ impl Objects {
         &self,
         req: S3Request<AbortMultipartUploadInput>,
     ) -> S3Result<S3Response<AbortMultipartUploadOutput>> {
-        note(&req, |t| t.op = Some("put"));
-        let principal = self.principal(&req)?;
+        let scope = self.writer(&req, "put", &req.input.bucket, &req.input.key)?;
         let input = &req.input;
-        let scope = self.scope(&input.bucket, &input.key)?;
-        Self::authorize(&principal, Right::Write, &scope)?;
         let (upload, _) = self.upload_of(&input.upload_id, &scope).await?;
         self.drop_upload(upload).await;
         note(&req, |t| t.outcome = Some("upload-aborted"));
