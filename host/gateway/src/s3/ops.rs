@@ -431,6 +431,23 @@ pub(super) fn write_request(
     })
 }
 
+/// The checksums a PutObject or UploadPart input declares.
+macro_rules! declared {
+    ($input:expr) => {
+        $crate::s3::ops::Declared::new(
+            $input.checksum_algorithm.clone(),
+            [
+                &$input.checksum_crc32,
+                &$input.checksum_crc32c,
+                &$input.checksum_sha1,
+                &$input.checksum_sha256,
+                &$input.checksum_crc64nvme,
+            ],
+        )
+    };
+}
+pub(super) use declared;
+
 /// A body taken into a blob: its length and SHA-256, MD5, checksums.
 pub(super) struct Received {
     pub written: Written,
@@ -829,16 +846,7 @@ impl S3 for Objects {
         let mut req = req;
         let body = req.input.body.take();
         let input = &req.input;
-        let declared = Declared::new(
-            input.checksum_algorithm.clone(),
-            [
-                &input.checksum_crc32,
-                &input.checksum_crc32c,
-                &input.checksum_sha1,
-                &input.checksum_sha256,
-                &input.checksum_crc64nvme,
-            ],
-        );
+        let declared = declared!(input);
         let received = receive_staged(
             &self.core,
             object,

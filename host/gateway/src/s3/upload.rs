@@ -14,7 +14,7 @@ use s3s::{S3ErrorCode, S3Request, S3Response, S3Result};
 
 use super::error;
 use super::ops::{
-    Declared, Objects, answer_publish, early_stop, failure, fence_token, hex, note, receive_staged,
+    Objects, answer_publish, declared, early_stop, failure, fence_token, hex, note, receive_staged,
     storage, write_request,
 };
 use crate::http::objects::{cleanup, decide_early};
@@ -140,16 +140,7 @@ impl Objects {
             .map_err(|f| failure(&f))?;
         let body = req.input.body.take();
         let input = &req.input;
-        let declared = Declared::new(
-            input.checksum_algorithm.clone(),
-            [
-                &input.checksum_crc32,
-                &input.checksum_crc32c,
-                &input.checksum_sha1,
-                &input.checksum_sha256,
-                &input.checksum_crc64nvme,
-            ],
-        );
+        let declared = declared!(input);
         let received = receive_staged(
             &self.core,
             object,

@@ -261,19 +261,13 @@ impl Store {
             Kind::Blob => format!("blob {fence}"),
             Kind::Tombstone => format!("tombstone {fence}"),
         };
-        let _turn = self.turn();
-        self.pool.with(|conn, _| match conn {
-            Conn::Sqlite(c) => relaxed(c, |c| Ok(stage(c, scope, &name, b"", SystemTime::now())?)),
-            Conn::Postgres(c) => {
-                let id = fencecheck_postgres::stage(c, scope, &name, b"", SystemTime::now())?;
-                Ok(ObjectId::from_raw(id.get()))
-            }
-        })
+        self.stage_named(scope, &name)
     }
 
-    /// Stage an object that never becomes visible itself: an S3 upload
-    /// (`upload TOKEN`) or one of its parts (`part UPLOAD`).
-    fn stage_hidden(&self, scope: &str, name: &str) -> Result<ObjectId, Error> {
+    /// Stage an object named `name`: a blob or tombstone to publish, or
+    /// one never visible itself, an S3 upload (`upload TOKEN`) or one of
+    /// its parts (`part UPLOAD`).
+    fn stage_named(&self, scope: &str, name: &str) -> Result<ObjectId, Error> {
         let _turn = self.turn();
         self.pool.with(|conn, _| match conn {
             Conn::Sqlite(c) => relaxed(c, |c| Ok(stage(c, scope, name, b"", SystemTime::now())?)),
@@ -287,7 +281,7 @@ impl Store {
     /// Begin an S3 multipart upload of `scope` under `fence`: the upload's
     /// id, with `meta` (its Content-Type and Idempotency-Key) recorded.
     pub fn begin_upload(&self, scope: &str, fence: &str, meta: &Meta) -> Result<ObjectId, Error> {
-        let upload = self.stage_hidden(scope, &format!("upload {fence}"))?;
+        let upload = self.stage_named(scope, &format!("upload {fence}"))?;
         let _turn = self.turn();
         self.pool.with(|conn, _| record(conn, upload, meta))?;
         Ok(upload)
@@ -323,7 +317,7 @@ impl Store {
     /// Stage part `part` of `upload` (of `scope`); its bytes go to the
     /// blob named by the returned id.
     pub fn stage_part(&self, scope: &str, upload: ObjectId) -> Result<ObjectId, Error> {
-        self.stage_hidden(scope, &format!("part {}", upload.get()))
+        self.stage_named(scope, &format!("part {}", upload.get()))
     }
 
     /// Record a written part: its facts, and its place in the upload.
