@@ -56,6 +56,9 @@ impl S3Server {
                         },
                         _ = &mut stopped => break,
                     };
+                    // Without it small answers wait out the client's
+                    // delayed ACK (40 ms a GET).
+                    let _ = socket.set_nodelay(true);
                     let service = service.clone();
                     tokio::spawn(async move {
                         let _ = Builder::new(TokioExecutor::new())
