@@ -80,6 +80,21 @@ fn start_on_s3(data: &Path, root: &Path, extra: &[&str]) -> anyhow::Result<(Gate
     Ok((gw, upstream))
 }
 
+/// The size of the largest blob in the upstream bucket (0: none).
+fn largest_upstream_blob(root: &Path) -> anyhow::Result<u64> {
+    let mut largest = 0;
+    match std::fs::read_dir(root.join("blobs/fencecheck-blobs")) {
+        Ok(entries) => {
+            for entry in entries {
+                largest = largest.max(entry?.metadata()?.len());
+            }
+            Ok(largest)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// The blobs kept in the upstream bucket.
 fn upstream_blobs(root: &Path) -> anyhow::Result<usize> {
     match std::fs::read_dir(root.join("blobs/fencecheck-blobs")) {
@@ -479,7 +494,6 @@ fn s3_upstream_keeps_the_blobs() -> anyhow::Result<()> {
     )?;
     // Replace it: the first blob is unreferenced now, and goes after the
     // retention (the collector's passes are a second apart; bounded wait).
-    let before = upstream_blobs(&root)?;
     let put = gw.request(
         "PUT",
         "/objects/reports/big.bin",
@@ -488,10 +502,11 @@ fn s3_upstream_keeps_the_blobs() -> anyhow::Result<()> {
     )?;
     ensure!(put.status == 200, "{put:?}");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while upstream_blobs(&root)? >= before + 1 {
+    // The replaced blob is the only one of 20 MiB.
+    while largest_upstream_blob(&root)? >= body.len() as u64 {
         ensure!(
             std::time::Instant::now() < deadline,
-            "{} blobs in the bucket, {before} before the replacement",
+            "the replaced 20 MiB blob is still in the bucket ({} blobs)",
             upstream_blobs(&root)?
         );
         std::thread::sleep(std::time::Duration::from_millis(100));

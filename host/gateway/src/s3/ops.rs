@@ -1095,7 +1095,11 @@ impl S3 for Objects {
         let mut contents = Vec::new();
         let mut prefixes: Vec<CommonPrefix> = Vec::new();
         let mut truncated = false;
-        'pages: while max_keys > 0 {
+        // (max-keys 0: an empty, untruncated page.)
+        'pages: loop {
+            if max_keys == 0 {
+                break;
+            }
             let (p, a) = (full_prefix.clone(), after.clone());
             let rows = self
                 .core
