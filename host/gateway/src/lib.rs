@@ -10,13 +10,20 @@
 //! nothing. Callers authenticate with a bearer secret and hold read, write
 //! and lock rights per key prefix ([`Auth`]).
 //!
+//! With `--bucket`, the same port speaks path-style S3 (SigV4 by the
+//! principals' access keys; PutObject, GetObject, multipart, ListObjectsV2,
+//! …): key `K` of bucket `B` is the fenced key `B/K`, written by the same
+//! publish. Blobs live in a directory, on a WebDAV server, or in an S3
+//! bucket ([`s3_store`]).
+//!
 //! # Layout
 //!
 //! A request's life, one module per step: the connection bound and header
 //! deadline ([`Guarded`]), the route, authentication and authorization
-//! ([`Auth`]), the handler of its surface (objects, locks), then the store
-//! ([`Store`]: pointers, fences, the gateway's facts about blobs) and the
-//! blobs ([`Blobs`]: a directory or a WebDAV server). Beside it: the
+//! ([`Auth`]), the handler of its surface (objects, locks; the S3 front
+//! checks SigV4 itself, through s3s), then the store ([`Store`]: pointers,
+//! fences, the gateway's facts about blobs, multipart uploads) and the
+//! blobs ([`Blobs`]: a directory, a WebDAV server or an S3 bucket). Beside it: the
 //! [`Collector`] deletes unpublished blobs after a retention window, the
 //! [`Reloader`] swaps the component (vetted by the conformance vectors) and
 //! the auth file on SIGHUP, [`Metrics`] for Prometheus.
