@@ -5,6 +5,7 @@ pub mod history;
 pub mod netns;
 pub mod pgserver;
 pub mod s3server;
+pub mod signals;
 pub mod upgrade;
 
 use std::path::PathBuf;

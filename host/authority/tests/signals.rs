@@ -6,18 +6,18 @@
 
 mod common;
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Result, bail, ensure};
 use common::{TempDir, World};
 use fencecheck::Token;
 use fencecheck_authority::{
     AcquireOutcome, AcquireResult, AuthorityError, Client, Coordinator, DriftBound, Lease,
     ManualClock, ReleaseOutcome, RenewOutcome,
 };
-use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use fencecheck_tests::signals::{check_recorded, expect_seen};
+use metrics_util::debugging::DebuggingRecorder;
 
 const TTL: u64 = 30_000;
 
@@ -75,49 +75,6 @@ impl Coordinator for Failable {
     }
 }
 
-/// The table: name → (type, label → allowed values).
-type Table = BTreeMap<String, (String, BTreeMap<String, BTreeSet<String>>)>;
-
-fn table() -> Result<Table> {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/design.md");
-    let text = std::fs::read_to_string(path)?;
-    let section = text
-        .split("## 12. Signals")
-        .nth(1)
-        .and_then(|s| s.split("\n## ").next())
-        .context("docs/design.md §12")?;
-    let mut table = Table::new();
-    for line in section.lines() {
-        let cells: Vec<&str> = line.split(" | ").collect();
-        let Some(name) = cells
-            .first()
-            .and_then(|c| c.strip_prefix("| `"))
-            .and_then(|c| c.strip_suffix('`'))
-        else {
-            continue;
-        };
-        let (Some(kind), Some(labels)) = (cells.get(1), cells.get(2)) else {
-            bail!("a short row: {line}");
-        };
-        // "`result` (`acquired`, `busy`, `error`)" → result: {acquired, busy, error}
-        let mut parsed = BTreeMap::new();
-        for part in labels.split("), ") {
-            let Some((label, values)) = part.split_once(" (") else {
-                continue;
-            };
-            let values = values
-                .split(", ")
-                .filter_map(|v| v.trim_end_matches(')').strip_prefix('`')?.strip_suffix('`'))
-                .map(str::to_owned)
-                .collect();
-            parsed.insert(label.trim_matches('`').to_owned(), values);
-        }
-        table.insert(name.to_owned(), (kind.to_string(), parsed));
-    }
-    ensure!(table.len() >= 8, "{table:?}");
-    Ok(table)
-}
-
 fn acquired(result: AcquireResult) -> Result<Lease> {
     match result {
         AcquireResult::Acquired(lease) => Ok(lease),
@@ -170,38 +127,7 @@ fn the_lease_client_records_the_tables_signals() -> Result<()> {
         Ok(())
     })?;
 
-    let table = table()?;
-    let mut seen: BTreeMap<String, BTreeSet<(String, String)>> = BTreeMap::new();
-    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
-        let name = key.key().name().to_owned();
-        let (kind, labels) = table
-            .get(&name)
-            .with_context(|| format!("{name} is not in docs/design.md §12"))?;
-        let recorded = match value {
-            DebugValue::Counter(_) => "counter",
-            DebugValue::Gauge(_) => "gauge",
-            DebugValue::Histogram(_) => "histogram",
-        };
-        ensure!(
-            recorded == kind,
-            "{name}: recorded as a {recorded}, the table says {kind}"
-        );
-        for label in key.key().labels() {
-            let allowed = labels
-                .get(label.key())
-                .with_context(|| format!("{name}: label {} is not in the table", label.key()))?;
-            ensure!(
-                allowed.contains(label.value()),
-                "{name}: {}={} is not among the table's values {allowed:?}",
-                label.key(),
-                label.value()
-            );
-            seen.entry(name.clone())
-                .or_default()
-                .insert((label.key().to_owned(), label.value().to_owned()));
-        }
-        seen.entry(name).or_default();
-    }
+    let recorded = check_recorded(&snapshotter)?;
     // Everything the scenario exercised was recorded.
     let expect: &[(&str, &[(&str, &str)])] = &[
         (
@@ -228,16 +154,5 @@ fn the_lease_client_records_the_tables_signals() -> Result<()> {
             &[("kind", "quorum-lost")],
         ),
     ];
-    for (name, labels) in expect {
-        let got = seen
-            .get(*name)
-            .with_context(|| format!("{name} was not recorded"))?;
-        for (k, v) in *labels {
-            ensure!(
-                got.contains(&((*k).to_owned(), (*v).to_owned())),
-                "{name}: no {k}={v} in {got:?}"
-            );
-        }
-    }
-    Ok(())
+    expect_seen(&recorded.seen, expect)
 }

@@ -245,6 +245,22 @@ pub fn fenced_execute<C>(
 where
     C: Checker + ?Sized,
 {
+    let result = execute_unrecorded(client, checker, cache, request, sql, params);
+    fencecheck::record_decision("execute", Some(request.token), &result);
+    result
+}
+
+fn execute_unrecorded<C>(
+    client: &mut Client,
+    checker: &mut C,
+    cache: &mut StateCache,
+    request: &Request,
+    sql: &str,
+    params: &[&(dyn ToSql + Sync)],
+) -> Result<Fenced<u64>, Error>
+where
+    C: Checker + ?Sized,
+{
     // Prepared (and checked) before any decision: both paths need it.
     let locking = cache.statement(client, sql, params.len(), false)?;
     if let Attempt::Done(fenced, state) =

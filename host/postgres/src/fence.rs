@@ -61,9 +61,11 @@ where
     C: Checker + ?Sized,
     E: Into<Box<dyn std::error::Error + Send + Sync + 'static>>,
 {
-    run(client, checker, request, |tx, accepted| {
+    let result = run(client, checker, request, |tx, accepted| {
         mutation(tx, accepted).map_err(|e| Error::Mutation(e.into()))
-    })
+    });
+    fencecheck::record_decision("write", Some(request.token), &result);
+    result
 }
 
 /// [`fenced_write`] for this crate's own mutations (the publish protocol),

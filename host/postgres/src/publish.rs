@@ -196,6 +196,21 @@ pub fn publish<C>(
 where
     C: Checker + ?Sized,
 {
+    let result = publish_unrecorded(client, checker, request, object, now);
+    fencecheck::record_decision("publish", Some(request.token), &result);
+    result
+}
+
+fn publish_unrecorded<C>(
+    client: &mut Client,
+    checker: &mut C,
+    request: &Request,
+    object: ObjectId,
+    now: SystemTime,
+) -> Result<Fenced<()>, Error>
+where
+    C: Checker + ?Sized,
+{
     let at_ms = millis("publication time", now)?;
     run(client, checker, request, |tx, _accepted| {
         let staged = tx

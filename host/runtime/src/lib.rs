@@ -33,6 +33,10 @@
 //!   authorities; [`SignedTokenText`] carries the [`GrantSignature`].
 //! - [`TokenText`]: the canonical text form of a token (`EPOCH.COUNTER` or
 //!   `AUTHORITY:EPOCH.COUNTER`), shared by the CLI, SQL and HTTP.
+//! - Signals: [`record_decision`] counts a fenced write's result as
+//!   `fencecheck_decisions_total` (docs/design.md §12) through the `metrics`
+//!   facade; [`epoch_label`] and [`Rejection::outcome_label`] are the
+//!   table's label values, for hosts with their own registry.
 //!
 //! Two layers of result: infrastructure failures (a trapped guest, a call too
 //! large) are [`Error`]s; the decision itself is an [`Outcome`]: either a
@@ -72,6 +76,7 @@ mod instance;
 mod packed;
 mod runtime;
 mod shape;
+mod signals;
 mod text;
 #[cfg(feature = "vectors")]
 pub mod vectors;
@@ -95,6 +100,7 @@ pub use runtime::{
     Allocation, COMPONENT, FUEL_BOUND_BASE, FUEL_BOUND_PER_BYTE, Limits, Loaded, PRECOMPILED,
     Precompiled, Runtime, Transport,
 };
+pub use signals::{DECISIONS, MAX_EPOCH_LABEL, epoch_label, record_decision};
 pub use text::{KeysText, KeysTextError, SignedTokenText, TokenText, TokenTextError};
 pub use version::{
     WIT_PACKAGE, WIT_VERSION, rewrite_wit_version, supported as supported_components,

@@ -65,7 +65,9 @@ where
     C: Checker + ?Sized,
     E: Into<Box<dyn std::error::Error + Send + Sync + 'static>>,
 {
-    run(conn, checker, request, Store::State, mutation)
+    let result = run(conn, checker, request, Store::State, mutation);
+    fencecheck::record_decision("write", Some(request.token), &result);
+    result
 }
 
 /// The scope's stored fence state, or `None` if it never accepted a token.

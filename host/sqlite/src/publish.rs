@@ -133,6 +133,21 @@ pub fn publish<C>(
 where
     C: Checker + ?Sized,
 {
+    let result = publish_unrecorded(conn, checker, request, object, now);
+    fencecheck::record_decision("publish", Some(request.token), &result);
+    result
+}
+
+fn publish_unrecorded<C>(
+    conn: &mut Connection,
+    checker: &mut C,
+    request: &Request,
+    object: ObjectId,
+    now: SystemTime,
+) -> Result<Fenced<()>, Error>
+where
+    C: Checker + ?Sized,
+{
     let at_ms = millis("publication time", now)?;
     if conn.is_autocommit() {
         let (changed, recorded) = {
