@@ -12,7 +12,7 @@
 //! Without `restore`, a coordinator on the promoted database issues tokens
 //! that repeat the lost ones or go below them: the resources that saw the
 //! lost tokens refuse them. With `restore` on the promoted database first
-//! (the runbook in the README), every later grant compares above every
+//! (the runbook in docs/authority.md), every later grant compares above every
 //! token the old primary issued, lost or not.
 
 use std::path::Path;

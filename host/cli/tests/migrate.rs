@@ -203,7 +203,7 @@ impl Resources {
             &[&LOCK, &text],
         ) {
             Ok(1) => true,
-            // stale-fence, as documented in the README's SQLSTATE table.
+            // stale-fence, as documented in docs/postgres.md's SQLSTATE table.
             Err(e) if e.code().map(|c| c.code()) == Some("5F001") => false,
             other => bail!("PostgreSQL extension: {other:?}"),
         };

@@ -1,13 +1,13 @@
 -- fencecheck 0.1.1 -> 0.1.2 (ALTER EXTENSION fencecheck UPDATE): fenced
--- tables no writer can crash, walk around or roll back (README, "Fenced
--- tables"). What follows up to the line "End of protect.sql" is
+-- tables no writer can crash, walk around or roll back (docs/postgres.md,
+-- "Fenced tables"). What follows up to the line "End of protect.sql" is
 -- sql/protect.sql, verbatim (tests/upgrade.rs checks it); then every table
 -- 0.1.0 or 0.1.1 fenced is fenced again the 0.1.2 way.
 
 -- Fenced tables (0.1.2): the registry, the soundness checks, fence_protect
 -- and fence_unprotect, and the event triggers that keep writers (and
--- mistakes) from changing how a fenced table is fenced. README, "Fenced
--- tables", lists each path and its test. This text is in
+-- mistakes) from changing how a fenced table is fenced. docs/postgres.md,
+-- "Fenced tables", lists each path and its test. This text is in
 -- fencecheck--0.1.1--0.1.2.sql as well (tests/upgrade.rs proves the two
 -- installs equal, object for object).
 

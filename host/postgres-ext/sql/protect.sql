@@ -1,7 +1,7 @@
 -- Fenced tables (0.1.2): the registry, the soundness checks, fence_protect
 -- and fence_unprotect, and the event triggers that keep writers (and
--- mistakes) from changing how a fenced table is fenced. README, "Fenced
--- tables", lists each path and its test. This text is in
+-- mistakes) from changing how a fenced table is fenced. docs/postgres.md,
+-- "Fenced tables", lists each path and its test. This text is in
 -- fencecheck--0.1.1--0.1.2.sql as well (tests/upgrade.rs proves the two
 -- installs equal, object for object).
 

@@ -162,8 +162,8 @@ fn set_in_this_transaction(name: &CStr) -> bool {
 }
 
 /// PostgreSQL 16 keeps its settings in a hash table this extension does not
-/// read: a value set before the library was loaded never counts (the
-/// README says to load it first, or preload it).
+/// read: a value set before the library was loaded never counts
+/// (docs/postgres.md says to load it first, or preload it).
 #[cfg(not(any(feature = "pg13", feature = "pg14", feature = "pg15")))]
 fn set_in_this_transaction(_name: &CStr) -> bool {
     false

@@ -33,7 +33,7 @@ impl Raise {
     }
 }
 
-/// The outcomes with their codes. The table in the README is this list.
+/// The outcomes with their codes. The table in docs/postgres.md is this list.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum SqlState {
     /// `5F001` the token is below (or, under `strict`, equal to) the highest

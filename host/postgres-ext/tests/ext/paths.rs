@@ -1,7 +1,7 @@
 //! Every other way a row of a fenced table can change, tried by a writer
 //! role (`w`: SELECT, INSERT, UPDATE, DELETE on the table, and on a table of
 //! its own that references it): each goes through the fence, or is refused
-//! (README, "Fenced tables", the path table).
+//! (docs/postgres.md, "Fenced tables", the path table).
 
 use crate::common::{PgServer, server, sqlstate};
 use anyhow::{Result, ensure};

@@ -1,5 +1,5 @@
 //! Fenced tables: every path that could mutate a protected row, each
-//! either fenced or refused (README, "Fenced tables").
+//! either fenced or refused (docs/postgres.md, "Fenced tables").
 
 use crate::common::{message, protected_catalog, row, server, sqlstate};
 use anyhow::{Result, ensure};

@@ -1,7 +1,7 @@
 //! Fenced tables against their own writers: what a role with table
 //! privileges (and one with TRIGGER) tries in order to crash the server,
-//! walk around the fence or roll a mark back, each refused (README,
-//! "Fenced tables": "What a writer cannot do").
+//! walk around the fence or roll a mark back, each refused
+//! (docs/postgres.md, "Fenced tables": "What a writer cannot do").
 //!
 //! Every test starts from the same setup: `docs` fenced under `strict`, a
 //! login role `w` with SELECT, INSERT, UPDATE and DELETE on it and nothing
