@@ -15,6 +15,11 @@ decides with ``Instance.check_signed`` and the keys it trusts for it
 ``fenced_write`` then does this by itself). ``SignedToken`` is the text form
 ``TOKEN~KEY-ID~LEASE~TAG``.
 
+Metrics: ``fencecheck.signals.install(...)`` makes the adapters count every
+fenced write as ``fencecheck_decisions_total{operation, outcome, epoch}``
+(docs/design.md §12) through ``prometheus_client`` or OpenTelemetry
+(``PrometheusSignals``, ``OpenTelemetrySignals``; neither is a dependency).
+
 >>> import fencecheck as fc
 >>> guest = fc.Runtime().instance()
 >>> d = guest.check(None, fc.Request("report/july", fc.Token(0, 0, 41)))

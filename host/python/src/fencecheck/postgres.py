@@ -52,6 +52,7 @@ import psycopg
 from psycopg.pq import TransactionStatus
 from psycopg.rows import tuple_row
 
+from . import signals as _signals
 from ._guest import Instance
 from ._text import KeySetError
 from ._types import (
@@ -408,8 +409,17 @@ def fenced_write(
     nested ``conn.transaction()`` blocks (savepoints) are fine. The
     connection must not be inside a transaction already: the fence check and
     the mutation need one of their own to be atomic together.
+
+    Each call is reported once to the installed ``fencecheck.signals``
+    (operation ``write``), after the transaction ended.
     """
-    return _fenced_write(conn, guest, request, mutate)[0]
+    try:
+        decision = _fenced_write(conn, guest, request, mutate)[0]
+    except BaseException as e:
+        _signals.record("write", getattr(request, "token", None), e)
+        raise
+    _signals.record("write", request.token, decision)
+    return decision
 
 
 def _fenced_write(
@@ -542,7 +552,27 @@ def fenced_execute(
     locking path (which raises the statement's own failure if it recurs). A
     lost connection during the one statement (or the session ending) is
     ``CommitUnknown``.
+
+    Each call is reported once to the installed ``fencecheck.signals``
+    (operation ``execute``), whichever path decided it.
     """
+    try:
+        decision = _fenced_execute(conn, guest, cache, request, sql, params)
+    except BaseException as e:
+        _signals.record("execute", getattr(request, "token", None), e)
+        raise
+    _signals.record("execute", request.token, decision)
+    return decision
+
+
+def _fenced_execute(
+    conn: psycopg.Connection,
+    guest: Instance,
+    cache: StateCache,
+    request: Request,
+    sql: str,
+    params: Sequence[object],
+) -> Decision:
     _idle(conn, "fenced_execute")
     params = tuple(params)
     cached = cache._states.get(request.scope)

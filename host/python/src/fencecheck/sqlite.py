@@ -38,6 +38,7 @@ import importlib.resources
 import sqlite3
 from collections.abc import Callable, Iterable, Iterator
 
+from . import signals as _signals
 from ._guest import Instance
 from ._text import KeySetError
 from ._types import (
@@ -318,7 +319,25 @@ def fenced_write(
 
     The connection must not be inside a transaction already: the fence check
     and the mutation need one of their own to be atomic together.
+
+    Each call is reported once to the installed ``fencecheck.signals``
+    (operation ``write``), after the transaction ended.
     """
+    try:
+        decision = _fenced_write(conn, guest, request, mutate)
+    except BaseException as e:
+        _signals.record("write", getattr(request, "token", None), e)
+        raise
+    _signals.record("write", request.token, decision)
+    return decision
+
+
+def _fenced_write(
+    conn: sqlite3.Connection,
+    guest: Instance,
+    request: Request,
+    mutate: Callable[[sqlite3.Connection, Applied], object],
+) -> Decision:
     if conn.in_transaction:
         raise sqlite3.ProgrammingError("fenced_write needs its own transaction; commit first")
     conn.execute("BEGIN IMMEDIATE")  # take the write lock before reading the state
