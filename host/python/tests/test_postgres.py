@@ -21,10 +21,13 @@ import threading
 import time
 from pathlib import Path
 
+import prometheus_client
 import psycopg
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 import fencecheck as fc
+from fencecheck import signals
 from fencecheck.postgres import (
     LAYOUT_VERSION,
     CommitUnknown,
@@ -41,6 +44,7 @@ from fencecheck.postgres import (
     scope_keys,
     set_keys,
 )
+from metric_table import Series, check, decisions, table
 
 SCOPE = "report/july"
 CATALOG = "CREATE TABLE report_catalog (report_id text PRIMARY KEY, visible_object text NOT NULL)"
@@ -656,6 +660,44 @@ def test_fenced_execute_statement_failure_stores_nothing(db, guest):
     assert isinstance(applied, fc.Applied) and applied.version == 2
     assert isinstance(_execute(conn, guest, cache, 12, "c"), fc.Applied)
     assert (cache.one_round_trip, cache.stale, cache.uncached) == (1, 1, 2)
+
+
+def test_signals_count_each_call_once_on_every_path(db, guest):
+    """fencecheck.signals through prometheus_client: fenced_write counts as
+    ``write``, fenced_execute as ``execute`` once per call whichever path
+    decided (the one statement, the locking path, a failed one statement
+    confirmed by the locking path); labels and counts held to the table."""
+    registry = prometheus_client.CollectorRegistry()
+    before = signals.install(signals.PrometheusSignals(registry))
+    try:
+        db.execute(AUDIT)
+        conn = db.connect()
+        assert isinstance(fenced_write(conn, guest, fc.Request("other", tok(5)), publish("w")), fc.Applied)
+        assert isinstance(fenced_write(conn, guest, fc.Request("other", tok(4)), publish("x")), fc.StaleFence)
+        cache = StateCache()
+        assert isinstance(_execute(conn, guest, cache, 10, "a"), fc.Applied)  # locking path
+        with pytest.raises(psycopg.errors.UniqueViolation):
+            _execute(conn, guest, cache, 11, "a")  # one statement failed, then the locking path
+        assert isinstance(_execute(conn, guest, cache, 11, "b"), fc.Applied)  # locking path
+        assert isinstance(_execute(conn, guest, cache, 12, "c"), fc.Applied)  # one statement
+        assert _execute(conn, guest, cache, 9, "old") == fc.StaleFence(tok(9), tok(12))
+        assert (cache.one_round_trip, cache.stale, cache.uncached) == (1, 1, 3)
+    finally:
+        signals.install(before)
+    text = prometheus_client.generate_latest(registry).decode()
+    series = [
+        Series(s.name, f.type, tuple(sorted(s.labels.items())), s.value)
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+        if s.name.startswith("fencecheck_")
+    ]
+    assert decisions(check(series, table(), created_companions=True)) == {
+        ("write", "applied", "0"): 1,
+        ("write", "stale-fence", "0"): 1,
+        ("execute", "applied", "0"): 3,
+        ("execute", "error", "0"): 1,
+        ("execute", "stale-fence", "0"): 1,
+    }
 
 
 def test_fenced_execute_connection_lost_during_commit_is_commit_unknown(guest):
