@@ -108,3 +108,13 @@ impl From<LeaseError> for AuthorityError {
         AuthorityError::Refused { error }
     }
 }
+
+impl AuthorityError {
+    /// The metric table's `kind` (docs/design.md §12) of a coordinator call
+    /// that got no answer: `quorum-lost`, `unreachable`, `timeout` or
+    /// `other`; `None` for an answer (a refusal, contention, a moved store),
+    /// which is not a coordinator error.
+    pub fn signal_kind(&self) -> Option<&'static str> {
+        crate::signals::kind(self)
+    }
+}

@@ -52,7 +52,7 @@ pub(crate) fn coordinator_error(e: &AuthorityError) {
 /// The table's `kind` of an error, or `None` for an answer (a refusal,
 /// contention that the caller retries, a store moved elsewhere: the
 /// coordinator was reached and decided).
-fn kind(e: &AuthorityError) -> Option<&'static str> {
+pub(crate) fn kind(e: &AuthorityError) -> Option<&'static str> {
     let text = match e {
         AuthorityError::Sqlite(e) => e.to_string(),
         AuthorityError::Postgres(e) => e.to_string(),

@@ -63,7 +63,7 @@ pub use collector::Collector;
 pub use error::Error;
 pub use http::{Config, Ctx, Gateway, Guarded, Limits, Pace};
 pub use key::{KeyError, encode_key, validate_key};
-pub use locks::{LockPolicy, LockReply, MAX_LOCK_BODY, handle as handle_lock};
+pub use locks::{LeaseEvent, LockPolicy, LockReply, MAX_LOCK_BODY, handle as handle_lock};
 pub use metrics::Metrics;
 pub use pgtls::PgConnect;
 pub use reload::{Reloader, VECTORS, vetted};

@@ -4,8 +4,9 @@
 //! is the `Fence-Token` writes carry.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use fencecheck::SignedTokenText;
+use fencecheck::{SignedTokenText, Token};
 use fencecheck_authority::{
     AcquireOutcome, AuthorityError, Coordinator, ReleaseOutcome, RenewOutcome,
 };
@@ -23,6 +24,38 @@ pub struct LockReply {
     pub outcome: &'static str,
     /// The JSON body (problem documents for errors).
     pub body: Value,
+    /// What the answer tells the lease rows of the metric table (`None`
+    /// for a request the coordinator never saw).
+    pub lease: Option<LeaseEvent>,
+}
+
+/// A coordinator decision in the metric table's terms (docs/design.md §12).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum LeaseEvent {
+    /// An acquisition answered `acquired` (with the grant's token) or
+    /// `busy`, or failed (`error`, with the coordinator error's kind).
+    Acquire {
+        /// `acquired`, `busy` or `error`.
+        result: &'static str,
+        /// From the coordinator call to its answer.
+        took: Duration,
+        /// The grant's token, when acquired.
+        token: Option<Token>,
+        /// The table's `kind` when the coordinator gave no answer.
+        error: Option<&'static str>,
+    },
+    /// A renewal answered `renewed` or `lost`, or failed (`error`).
+    Renew {
+        /// `renewed`, `lost` or `error`.
+        result: &'static str,
+        /// The table's `kind` when the coordinator gave no answer.
+        error: Option<&'static str>,
+    },
+    /// A release (answered or not).
+    Release {
+        /// The table's `kind` when the coordinator gave no answer.
+        error: Option<&'static str>,
+    },
 }
 
 fn reply(status: u16, outcome: &'static str, body: Value) -> LockReply {
@@ -30,6 +63,7 @@ fn reply(status: u16, outcome: &'static str, body: Value) -> LockReply {
         status,
         outcome,
         body,
+        lease: None,
     }
 }
 
@@ -161,29 +195,46 @@ pub fn handle(
         "acquire" => serde_json::from_slice::<Acquire>(body)
             .map_err(parse_error)
             .and_then(|a| Ok((policy.stored(&a.lease_id)?, policy.ttl(a.ttl_ms)?, a)))
-            .map(
-                |(stored, ttl, a)| match coordinator.acquire(lock, &stored, ttl) {
-                    Ok(AcquireOutcome::Acquired(g)) => reply(
-                        200,
-                        "acquired",
-                        json!({
-                            "lock": g.lock,
-                            "lease_id": a.lease_id,
-                            "token": g.token_text().to_string(),
-                            "expires_at": g.expires_at,
-                            "decided_at": g.decided_at,
-                        }),
+            .map(|(stored, ttl, a)| {
+                let started = Instant::now();
+                let answer = coordinator.acquire(lock, &stored, ttl);
+                let took = started.elapsed();
+                let event = |result, token, error| LeaseEvent::Acquire {
+                    result,
+                    took,
+                    token,
+                    error,
+                };
+                let (mut r, event) = match answer {
+                    Ok(AcquireOutcome::Acquired(g)) => (
+                        reply(
+                            200,
+                            "acquired",
+                            json!({
+                                "lock": g.lock,
+                                "lease_id": a.lease_id,
+                                "token": g.token_text().to_string(),
+                                "expires_at": g.expires_at,
+                                "decided_at": g.decided_at,
+                            }),
+                        ),
+                        event("acquired", Some(g.token), None),
                     ),
                     // The holder's lease id is not disclosed: with the token it
                     // is what renew and release ask for.
                     Ok(AcquireOutcome::Busy { expires_at, .. }) => {
                         let mut r = problem(409, "busy", "another lease holds this lock");
                         r.body["expires_at"] = json!(expires_at);
-                        r
+                        (r, event("busy", None, None))
                     }
-                    Err(e) => failed(e),
-                },
-            ),
+                    Err(e) => {
+                        let kind = e.signal_kind();
+                        (failed(e), event("error", None, kind))
+                    }
+                };
+                r.lease = Some(event);
+                r
+            }),
         "renew" => serde_json::from_slice::<Renew>(body)
             .map_err(parse_error)
             .and_then(|r| {
@@ -193,26 +244,45 @@ pub fn handle(
                     policy.ttl(r.ttl_ms)?,
                 ))
             })
-            .map(
-                |(t, stored, ttl)| match coordinator.renew(lock, &stored, t, ttl) {
-                    Ok(RenewOutcome::Renewed { expires_at }) => {
-                        reply(200, "renewed", json!({"expires_at": expires_at}))
+            .map(|(t, stored, ttl)| {
+                let (mut r, result, error) = match coordinator.renew(lock, &stored, t, ttl) {
+                    Ok(RenewOutcome::Renewed { expires_at }) => (
+                        reply(200, "renewed", json!({"expires_at": expires_at})),
+                        "renewed",
+                        None,
+                    ),
+                    Ok(RenewOutcome::Lost) => (
+                        problem(409, "lost", "not the current lease: stop working under it"),
+                        "lost",
+                        None,
+                    ),
+                    Err(e) => {
+                        let kind = e.signal_kind();
+                        (failed(e), "error", kind)
                     }
-                    Ok(RenewOutcome::Lost) => {
-                        problem(409, "lost", "not the current lease: stop working under it")
-                    }
-                    Err(e) => failed(e),
-                },
-            ),
+                };
+                r.lease = Some(LeaseEvent::Renew { result, error });
+                r
+            }),
         "release" => serde_json::from_slice::<Release>(body)
             .map_err(parse_error)
             .and_then(|r| Ok((token(&r.token)?, policy.stored(&r.lease_id)?)))
-            .map(|(t, stored)| match coordinator.release(lock, &stored, t) {
-                Ok(ReleaseOutcome::Released) => reply(200, "released", json!({"released": true})),
-                Ok(ReleaseOutcome::NotOwner) => {
-                    problem(409, "not-owner", "not the current lease; nothing changed")
-                }
-                Err(e) => failed(e),
+            .map(|(t, stored)| {
+                let (mut r, error) = match coordinator.release(lock, &stored, t) {
+                    Ok(ReleaseOutcome::Released) => {
+                        (reply(200, "released", json!({"released": true})), None)
+                    }
+                    Ok(ReleaseOutcome::NotOwner) => (
+                        problem(409, "not-owner", "not the current lease; nothing changed"),
+                        None,
+                    ),
+                    Err(e) => {
+                        let kind = e.signal_kind();
+                        (failed(e), kind)
+                    }
+                };
+                r.lease = Some(LeaseEvent::Release { error });
+                r
             }),
         _ => Err(problem(404, "not-found", "use acquire, renew or release")),
     };

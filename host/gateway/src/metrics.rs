@@ -5,12 +5,70 @@
 use std::time::Duration;
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
-    Registry, TextEncoder,
+    Encoder, Gauge, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
+    Opts, Registry, TextEncoder,
 };
 
-/// Epochs above this are counted together as `other`.
-const MAX_EPOCH_LABEL: u64 = 15;
+use crate::locks::LeaseEvent;
+
+/// The lease rows of the cross-host table (docs/design.md §12), as the
+/// coordinator behind the lock endpoints sees them.
+struct Leases {
+    acquire: HistogramVec,
+    renewals: IntCounterVec,
+    holder_lost: IntCounter,
+    epoch: Gauge,
+    headroom: Gauge,
+    coordinator_errors: IntCounterVec,
+}
+
+impl Leases {
+    fn new(registry: &Registry) -> Result<Self, prometheus::Error> {
+        let leases = Self {
+            acquire: HistogramVec::new(
+                HistogramOpts::new(
+                    "fencecheck_lease_acquire_duration_seconds",
+                    "Lease acquisitions at the lock endpoints by result (acquired, busy, error), coordinator call to answer",
+                )
+                .buckets(prometheus::exponential_buckets(0.0001, 2.0, 18)?),
+                &["result"],
+            )?,
+            renewals: IntCounterVec::new(
+                Opts::new(
+                    "fencecheck_lease_renewals_total",
+                    "Renewals at the lock endpoints by result (renewed, lost, error)",
+                ),
+                &["result"],
+            )?,
+            holder_lost: IntCounter::new(
+                "fencecheck_lease_holder_lost_total",
+                "Renewals answered lost: a holder learned it no longer holds its lease",
+            )?,
+            epoch: Gauge::new(
+                "fencecheck_lease_epoch",
+                "The lease service's epoch in the last grant",
+            )?,
+            headroom: Gauge::new(
+                "fencecheck_token_headroom",
+                "Grants left in the current epoch before the counter is exhausted, as of the last grant",
+            )?,
+            coordinator_errors: IntCounterVec::new(
+                Opts::new(
+                    "fencecheck_coordinator_errors_total",
+                    "Coordinator calls of the lock endpoints that got no answer, by kind (quorum-lost, unreachable, timeout, other)",
+                ),
+                &["kind"],
+            )?,
+        };
+        registry.register(Box::new(leases.acquire.clone()))?;
+        registry.register(Box::new(leases.renewals.clone()))?;
+        registry.register(Box::new(leases.holder_lost.clone()))?;
+        registry.register(Box::new(leases.epoch.clone()))?;
+        registry.register(Box::new(leases.headroom.clone()))?;
+        registry.register(Box::new(leases.coordinator_errors.clone()))?;
+        Ok(leases)
+    }
+}
 
 /// The gateway's registry and series.
 pub struct Metrics {
@@ -25,6 +83,7 @@ pub struct Metrics {
     /// The cross-host table's `fencecheck_decisions_total` (fenced writes only).
     fenced: IntCounterVec,
     in_flight: IntGauge,
+    leases: Leases,
 }
 
 impl Metrics {
@@ -95,7 +154,9 @@ impl Metrics {
         registry.register(Box::new(decisions.clone()))?;
         registry.register(Box::new(fenced.clone()))?;
         registry.register(Box::new(latency.clone()))?;
+        let leases = Leases::new(&registry)?;
         Ok(Self {
+            leases,
             registry,
             decisions,
             fenced,
@@ -118,18 +179,12 @@ impl Metrics {
         status: u16,
         elapsed: Duration,
     ) {
-        let epoch = match epoch {
-            None => "none".to_owned(),
-            Some(e) if e <= MAX_EPOCH_LABEL => e.to_string(),
-            Some(_) => "other".to_owned(),
-        };
+        let epoch = fencecheck::epoch_label(epoch);
         self.decisions
-            .with_label_values(&[op, outcome, epoch.as_str()])
+            .with_label_values(&[op, outcome, epoch])
             .inc();
         if let Some(decision) = decision(op, outcome) {
-            self.fenced
-                .with_label_values(&[op, decision, epoch.as_str()])
-                .inc();
+            self.fenced.with_label_values(&[op, decision, epoch]).inc();
         }
         let class = match status {
             100..=599 => ["1xx", "2xx", "3xx", "4xx", "5xx"][usize::from(status / 100 - 1)],
@@ -138,6 +193,41 @@ impl Metrics {
         self.latency
             .with_label_values(&[op, class])
             .observe(elapsed.as_secs_f64());
+    }
+
+    /// Record one coordinator decision of the lock endpoints.
+    pub fn lease(&self, event: LeaseEvent) {
+        let l = &self.leases;
+        let error = match event {
+            LeaseEvent::Acquire {
+                result,
+                took,
+                token,
+                error,
+            } => {
+                l.acquire
+                    .with_label_values(&[result])
+                    .observe(took.as_secs_f64());
+                if let Some(token) = token {
+                    // As floats, as Prometheus keeps every value (exact to 2^53).
+                    l.epoch.set(token.epoch as f64);
+                    l.headroom
+                        .set(u64::MAX.saturating_sub(token.counter) as f64);
+                }
+                error
+            }
+            LeaseEvent::Renew { result, error } => {
+                l.renewals.with_label_values(&[result]).inc();
+                if result == "lost" {
+                    l.holder_lost.inc();
+                }
+                error
+            }
+            LeaseEvent::Release { error } => error,
+        };
+        if let Some(kind) = error {
+            l.coordinator_errors.with_label_values(&[kind]).inc();
+        }
     }
 
     /// Count one reload attempt.

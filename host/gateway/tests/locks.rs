@@ -128,3 +128,78 @@ fn leases_hand_out_fencing_tokens() -> anyhow::Result<()> {
     ensure!(r.status == 404, "{r:?}");
     Ok(())
 }
+
+/// The lock endpoints and fenced writes export the cross-host table's
+/// rows (docs/design.md §12) with its labels and values only: acquisition
+/// latency by result, renewals by result, holder loss, the grant's epoch
+/// and headroom, and decisions; `/metrics` holds no other `fencecheck_*`
+/// family than the table's and the gateway's own.
+#[test]
+fn lock_endpoints_export_the_tables_lease_rows() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let gw = Gateway::start(dir.path(), &[])?;
+    let lock = "/v1/locks/reports/august";
+    let a = post(
+        &gw,
+        &format!("{lock}/acquire"),
+        json!({"lease_id": "a", "ttl_ms": 60_000}),
+    )?;
+    ensure!(a.status == 200, "{a:?}");
+    let token = a.json()?["token"].as_str().context("no token")?.to_owned();
+    let busy = post(
+        &gw,
+        &format!("{lock}/acquire"),
+        json!({"lease_id": "b", "ttl_ms": 60_000}),
+    )?;
+    ensure!(busy.status == 409, "{busy:?}");
+    let renewed = post(
+        &gw,
+        &format!("{lock}/renew"),
+        json!({"lease_id": "a", "token": token, "ttl_ms": 60_000}),
+    )?;
+    ensure!(renewed.status == 200, "{renewed:?}");
+    // Another lease id with A's token: not the current lease.
+    let lost = post(
+        &gw,
+        &format!("{lock}/renew"),
+        json!({"lease_id": "x", "token": token, "ttl_ms": 60_000}),
+    )?;
+    ensure!(lost.status == 409, "{lost:?}");
+    let put = gw.request(
+        "PUT",
+        "/objects/reports/august",
+        &[("Fence-Token", token.as_str())],
+        b"A",
+    )?;
+    ensure!(put.status == 201, "{put:?}");
+
+    let text = String::from_utf8(gw.request("GET", "/metrics", &[], b"")?.body)?;
+    let seen = fencecheck_tests::signals::check_exposition(&text, "fencecheck_gateway_")?;
+    fencecheck_tests::signals::expect_seen(
+        &seen,
+        &[
+            (
+                "fencecheck_lease_acquire_duration_seconds",
+                &[("result", "acquired"), ("result", "busy")],
+            ),
+            (
+                "fencecheck_lease_renewals_total",
+                &[("result", "renewed"), ("result", "lost")],
+            ),
+            ("fencecheck_lease_holder_lost_total", &[]),
+            ("fencecheck_lease_epoch", &[]),
+            ("fencecheck_token_headroom", &[]),
+            (
+                "fencecheck_decisions_total",
+                &[("operation", "put"), ("outcome", "applied")],
+            ),
+        ],
+    )?;
+    ensure!(gw.metric("fencecheck_lease_holder_lost_total")? == Some(1.0));
+    ensure!(gw.metric("fencecheck_lease_renewals_total{result=\"lost\"}")? == Some(1.0));
+    ensure!(
+        gw.metric("fencecheck_token_headroom")?
+            .is_some_and(|h| h > 1e18)
+    );
+    Ok(())
+}

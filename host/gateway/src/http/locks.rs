@@ -53,6 +53,9 @@ pub(crate) async fn serve(
     drop(permit);
     Ok(match answer {
         Ok(r) => {
+            if let Some(event) = r.lease {
+                gw.metrics.lease(event);
+            }
             let kind = if r.status >= 400 {
                 "application/problem+json"
             } else {
