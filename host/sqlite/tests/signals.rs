@@ -11,7 +11,8 @@ use anyhow::{Result, ensure};
 use common::{Db, at_ms, runtime, strict};
 use fencecheck::{Policy, Request, Token};
 use fencecheck_sqlite::{Error, Fenced, Rejection, fenced_write, publish, stage};
-use fencecheck_tests::signals::{check_recorded, expect_seen};
+use fencecheck_tests::signals::{check_exposition, check_recorded, expect_seen};
+use metrics_exporter_prometheus::PrometheusBuilder;
 use metrics_util::debugging::DebuggingRecorder;
 use rusqlite::Connection;
 
@@ -117,5 +118,44 @@ fn writes_and_publishes_count_the_tables_decisions() -> Result<()> {
     .map(|(k, v)| (k.to_owned(), v))
     .collect();
     ensure!(got == want, "counted {got:#?}, expected {want:#?}");
+    Ok(())
+}
+
+/// Through a real exporter (metrics-exporter-prometheus, as in
+/// `examples/prometheus.rs`), the exposition's `fencecheck_*` families are
+/// the table's: one applied and one stale write, each counted once.
+#[test]
+fn a_prometheus_exporter_shows_the_tables_decisions() -> Result<()> {
+    let recorder = PrometheusBuilder::new().build_recorder();
+    let exporter = recorder.handle();
+    let db = Db::new()?;
+    let mut conn = db.open()?;
+    metrics::with_local_recorder(&recorder, || -> Result<()> {
+        ensure!(write(&mut conn, &strict("report/july", 42))?.is_applied());
+        ensure!(!write(&mut conn, &strict("report/july", 41))?.is_applied());
+        Ok(())
+    })?;
+    let text = exporter.render();
+    let seen = check_exposition(&text, "fencecheck_sqlite_")?;
+    expect_seen(
+        &seen,
+        &[(
+            "fencecheck_decisions_total",
+            &[
+                ("operation", "write"),
+                ("outcome", "applied"),
+                ("outcome", "stale-fence"),
+            ],
+        )],
+    )?;
+    for outcome in ["applied", "stale-fence"] {
+        let series = format!(
+            "fencecheck_decisions_total{{operation=\"write\",outcome=\"{outcome}\",epoch=\"0\"}} 1"
+        );
+        ensure!(
+            text.lines().any(|l| l == series),
+            "no `{series}` in:\n{text}"
+        );
+    }
     Ok(())
 }
