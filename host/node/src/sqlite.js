@@ -22,6 +22,7 @@
 import { readFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 import { ComponentLoadError, HostError, KeySetError, keyProblem } from './index.js';
+import { recordDecision } from './signals.js';
 
 /** The layout this module reads and writes (`fencecheck_meta`'s `layout` row), as in every host. */
 export const LAYOUT_VERSION = 2;
@@ -234,8 +235,22 @@ export function keyPrefixes(db) {
  * like every refusal, after rolling back. Returns the decision (stale-fence
  * and the others are values; nothing was changed). The connection must not
  * be inside a transaction already, and `install` must have run on the database.
+ * Each call is reported once to the installed signals (fencecheck/signals,
+ * operation `write`), after the transaction ended.
  */
 export function fencedWrite(db, guest, request, mutate) {
+  let decision;
+  try {
+    decision = write(db, guest, request, mutate);
+  } catch (e) {
+    recordDecision('write', request?.token, e);
+    throw e;
+  }
+  recordDecision('write', request.token, decision);
+  return decision;
+}
+
+function write(db, guest, request, mutate) {
   // Not better-sqlite3's db.transaction(): if the mutation ran COMMIT, that
   // wrapper would store the state in autocommit mode, apart from the mutation.
   return immediate(db, 'fencedWrite', () => {
