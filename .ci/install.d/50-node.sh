@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Node.js host (host/node): exact versions from package-lock.json (jco,
-# lossless-json, better-sqlite3 12, typescript). better-sqlite3 compiles from
+# lossless-json, better-sqlite3 12, typescript; for test/signals.test.mjs
+# prom-client, @opentelemetry/api, sdk-metrics and exporter-prometheus, which
+# fencecheck/signals itself does not import). better-sqlite3 compiles from
 # source against the machine's Node headers (no prebuilt download here).
 set -euo pipefail
 cd "$(dirname "$0")/../../host/node"

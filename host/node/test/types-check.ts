@@ -8,6 +8,12 @@ import {
 import {
   fencedWrite, install, keyPrefixes, LAYOUT_VERSION, removeKeys, scopeKeys, setKeys, TransactionEnded, UnsupportedLayout, type Database,
 } from '../src/sqlite.js';
+import {
+  DECISIONS, OpenTelemetrySignals, PrometheusSignals, epochLabel, installSignals, installedSignals, outcomeLabel, recordDecision,
+  type EpochLabel, type Outcome, type Signals,
+} from '../src/signals.js';
+import client from 'prom-client';
+import { metrics } from '@opentelemetry/api';
 
 declare const db: Database;
 const guest = new Runtime().instance();
@@ -74,3 +80,17 @@ try {
   if (e instanceof KeySetError) void e.reason;
 }
 void Runtime.load('/elsewhere').then((r) => r.componentVersion);
+
+// Signals: the adapters take the libraries' own objects, as their types say.
+{
+  const registry = new client.Registry();
+  const previous: Signals = installSignals(new PrometheusSignals(client, { registry }));
+  installSignals(new OpenTelemetrySignals(metrics.getMeter('fencecheck')));
+  installSignals({ decision: (operation, outcome: Outcome, epoch: EpochLabel) => void [operation, outcome, epoch] });
+  const epoch: EpochLabel = epochLabel(token(0, 1, 1));
+  const outcome: Outcome = outcomeLabel(guest.check(null, { scope: 's', token: token(0, 0, 1) }));
+  recordDecision('check', token(0, 1, 1), new Error('down'));
+  const name: 'fencecheck_decisions_total' = DECISIONS;
+  void [previous, epoch, outcome, name, installedSignals()];
+  installSignals(null);
+}
