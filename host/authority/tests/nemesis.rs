@@ -14,7 +14,9 @@
 //! schedule), the schedule and the counts. CI runs eight faults;
 //! `scripts/nemesis --seed N --minutes M` (`FENCECHECK_NEMESIS_MINUTES`)
 //! keeps faulting for longer by hand. The suite needs root and iproute2 and
-//! fails loudly without them.
+//! fails loudly without them. With `FENCECHECK_NEMESIS_SVG=PATH` the run
+//! also draws itself as an SVG timeline (nemesis/timeline.rs): faults,
+//! believed leases, writes and the closest approach of two leases.
 
 #[path = "support/etcd.rs"]
 mod etcd;
@@ -22,6 +24,8 @@ mod etcd;
 mod etcd_clients;
 #[path = "support/lease_history.rs"]
 mod lease_history;
+#[path = "nemesis/timeline.rs"]
+mod timeline;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -133,6 +137,13 @@ fn seed() -> Result<u64> {
     }
 }
 
+/// CLOCK_MONOTONIC in nanoseconds, the clock the client processes stamp
+/// their lines with: the timeline's time base.
+fn monotonic_ns() -> u128 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    u128::try_from(t.tv_sec).unwrap_or(0) * 1_000_000_000 + u128::try_from(t.tv_nsec).unwrap_or(0)
+}
+
 /// The longest time between two consecutive grants (any client), in ms.
 fn longest_gap_ms(grants: &[Grant]) -> u128 {
     let mut ends: Vec<u128> = grants.iter().map(|g| g.end).collect();
@@ -185,6 +196,7 @@ fn partitions_never_reorder_grants() -> Result<()> {
         "--pause-every".to_owned(),
         "10".to_owned(),
     ];
+    let clients_started = monotonic_ns();
     let mut clients = Clients::spawn_with(
         &cluster,
         CLIENTS,
@@ -199,6 +211,7 @@ fn partitions_never_reorder_grants() -> Result<()> {
     let mut schedule = Vec::new();
     let mut free: Vec<usize> = (MEMBERS + CLIENTS..MEMBERS + CLIENTS + SPARES).collect();
     let mut round = 0;
+    let mut spans = Vec::new();
     while round < 8 || started.elapsed() < soak {
         round += 1;
         // Round 4 always changes membership, while spare nodes last.
@@ -216,6 +229,7 @@ fn partitions_never_reorder_grants() -> Result<()> {
         let client = |c: usize| MEMBERS + c;
         let mut signalled = None;
         let node = |m: usize| cluster.node(m);
+        let injected = monotonic_ns();
         let what = match fault {
             Fault::IsolateFollower => {
                 let follower = (leader + 1 + rng.below(2) as usize) % MEMBERS;
@@ -279,11 +293,38 @@ fn partitions_never_reorder_grants() -> Result<()> {
                 cluster.resume(victim)?;
             }
         }
+        spans.push(timeline::FaultSpan {
+            kind: match fault {
+                Fault::ReplaceMember => timeline::Kind::Membership,
+                Fault::KillMember | Fault::PauseMember => timeline::Kind::Process,
+                _ => timeline::Kind::Partition,
+            },
+            label: schedule.last().map(|(_, w)| w.clone()).unwrap_or_default(),
+            start: injected,
+            end: monotonic_ns(),
+        });
         cluster.wait_healthy()?;
         clients.wait_grants(5, &format!("round {round}: after healing ({fault:?})"))?;
     }
 
     let tally = clients.finish()?;
+    // Drawn before the checks, so a failing run leaves its picture too.
+    if let Some(path) = std::env::var_os("FENCECHECK_NEMESIS_SVG") {
+        let path = std::path::PathBuf::from(path);
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir)?;
+        }
+        let svg = timeline::svg(&timeline::Run {
+            seed,
+            clients: CLIENTS,
+            start: clients_started,
+            faults: &spans,
+            tally: &tally,
+            ttl_ms: TTL_MS,
+        });
+        std::fs::write(&path, svg).with_context(|| format!("writing {}", path.display()))?;
+        eprintln!("nemesis timeline: {}", path.display());
+    }
     let cross = check_history(&tally.grants, authority)?;
     let committed = check_store(&cluster, &tally)?;
     let writes = check_fenced_writes(&tally, &resource, TTL_MS)?;
