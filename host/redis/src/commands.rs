@@ -25,6 +25,7 @@ use redis_module::{
 use crate::ffi;
 use crate::keys;
 use crate::rules::{self, Refusal, Verdict};
+use crate::signals::{self, Operation};
 
 static RUNTIME: OnceLock<Runtime> = OnceLock::new();
 static INSTANCE: Mutex<Option<Instance>> = Mutex::new(None);
@@ -263,8 +264,7 @@ fn data_key(key: &[u8]) -> Result<(), Refusal> {
 }
 
 /// `FENCE.SET key token value [POLICY p] [OPID id] [VERSION n]`
-fn fence_set(ctx: &Context, args: &[RedisString]) -> Result<RedisValue, Refusal> {
-    arity(args, 4)?;
+fn decided_set(ctx: &Context, args: &[RedisString]) -> Result<RedisValue, Refusal> {
     let a = bytes(args);
     data_key(a[1])?;
     let (state_key, verdict) = decide(ctx, a[1], a[2], &a[4..])?;
@@ -285,8 +285,7 @@ fn fence_set(ctx: &Context, args: &[RedisString]) -> Result<RedisValue, Refusal>
 
 /// `FENCE.DEL key token [POLICY p] [OPID id] [VERSION n]`: deletes the key;
 /// the mark stays, so the key cannot be re-created with an older token.
-fn fence_del(ctx: &Context, args: &[RedisString]) -> Result<RedisValue, Refusal> {
-    arity(args, 3)?;
+fn decided_del(ctx: &Context, args: &[RedisString]) -> Result<RedisValue, Refusal> {
     let a = bytes(args);
     data_key(a[1])?;
     let (state_key, verdict) = decide(ctx, a[1], a[2], &a[3..])?;
@@ -304,8 +303,7 @@ fn fence_del(ctx: &Context, args: &[RedisString]) -> Result<RedisValue, Refusal>
 }
 
 /// `FENCE.CHECK scope token [options]`: the decision, nothing written.
-fn fence_check(ctx: &Context, args: &[RedisString]) -> Result<RedisValue, Refusal> {
-    arity(args, 3)?;
+fn decided_check(ctx: &Context, args: &[RedisString]) -> Result<RedisValue, Refusal> {
     let a = bytes(args);
     let (_, verdict) = decide(ctx, a[1], a[2], &a[3..])?;
     Ok(match verdict {
@@ -427,8 +425,7 @@ fn command_allowed(ctx: &Context, inner: &[&[u8]]) -> Result<(), Refusal> {
 }
 
 /// `FENCE.EXEC scope token [options] -- COMMAND arg…`
-fn fence_exec(ctx: &Context, args: &[RedisString]) -> Result<RedisValue, Refusal> {
-    arity(args, 5)?;
+fn decided_exec(ctx: &Context, args: &[RedisString]) -> Result<RedisValue, Refusal> {
     let a = bytes(args);
     let split = a
         .iter()
@@ -820,4 +817,40 @@ entry_points! {
     release => fence_release,
     restore => fence_restore,
     version => fence_version,
+    metrics => fence_metrics,
+}
+
+/// Whether a fenced command's reply is `duplicate`.
+fn is_duplicate(value: &RedisValue) -> bool {
+    matches!(value, RedisValue::Array(v) if matches!(v.first(), Some(RedisValue::SimpleStringStatic("duplicate"))))
+}
+
+// The fenced commands, counted: once their arity is right, every reply is
+// one decision (`fencecheck_decisions_total`, docs/design.md §12).
+macro_rules! counted {
+    ($($name:ident => $decided:ident, $operation:expr, $arity:expr);* $(;)?) => {$(
+        fn $name(ctx: &Context, args: &[RedisString]) -> Result<RedisValue, Refusal> {
+            arity(args, $arity)?;
+            let result = $decided(ctx, args);
+            let token = args.get(2).map(|t| t.as_slice()).unwrap_or_default();
+            signals::count($operation, token, &result, is_duplicate);
+            result
+        }
+    )*};
+}
+
+counted! {
+    fence_set => decided_set, Operation::Put, 4;
+    fence_del => decided_del, Operation::Delete, 3;
+    fence_exec => decided_exec, Operation::Execute, 5;
+    fence_check => decided_check, Operation::Check, 3;
+}
+
+/// `FENCE.METRICS`: the decisions counted since the module loaded, as
+/// Prometheus text exposition (for a scraper's sidecar or a script).
+fn fence_metrics(_ctx: &Context, args: &[RedisString]) -> Result<RedisValue, Refusal> {
+    if args.len() != 1 {
+        return Err(Refusal::syntax("FENCE.METRICS takes no arguments"));
+    }
+    Ok(RedisValue::BulkString(signals::exposition()))
 }

@@ -15,6 +15,9 @@
 //! - `FENCE.CHECK scope token [options]` decides without writing;
 //!   `FENCE.INSPECT scope [LEASE]` decodes a state as JSON;
 //!   `FENCE.VERSION` names the embedded component's WIT package version.
+//! - `FENCE.METRICS`: the fenced commands' decisions since the module
+//!   loaded (`fencecheck_decisions_total`, docs/design.md §12), as
+//!   Prometheus text.
 //! - Leases in the same server: `FENCE.ACQUIRE lock lease-id ttl-ms`,
 //!   `FENCE.RENEW lock lease-id token ttl-ms`, `FENCE.RELEASE lock lease-id
 //!   token`, `FENCE.RESTORE [at-least]`.
@@ -45,6 +48,7 @@ mod commands;
 mod ffi;
 mod keys;
 mod rules;
+mod signals;
 
 pub use keys::{
     FLOOR_KEY, GRANT_KEY_KEY, LINEAGE_KEY, NoSlotKey, SIGNING_KEYS_KEY, fence_key, lease_key, slot,
@@ -77,6 +81,7 @@ mod module {
             ["fence.release", commands::release, "write", 1, 1, 1, ""],
             ["fence.restore", commands::restore, "write", 0, 0, 0, ""],
             ["fence.version", commands::version, "readonly fast", 0, 0, 0, ""],
+            ["fence.metrics", commands::metrics, "readonly fast", 0, 0, 0, ""],
         ],
     }
 

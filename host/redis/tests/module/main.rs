@@ -11,5 +11,6 @@ mod history;
 mod leases;
 mod paused_writer;
 mod persistence;
+mod signals;
 mod signed;
 mod vectors;

@@ -1,0 +1,132 @@
+//! Fence decisions counted in the server (docs/design.md §12's
+//! `fencecheck_decisions_total`), read with `FENCE.METRICS` as Prometheus
+//! text. Counters live in the module, per server process, since it was
+//! loaded; a replica counts nothing (it applies effects, not FENCE
+//! commands). Labels are fixed arrays: 4 operations × 7 outcomes × 18
+//! epochs, never a key.
+
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::rules::Refusal;
+
+/// The table's `operation` of each fenced command.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Operation {
+    /// FENCE.SET
+    Put = 0,
+    /// FENCE.DEL
+    Delete = 1,
+    /// FENCE.EXEC
+    Execute = 2,
+    /// FENCE.CHECK (decides, writes nothing)
+    Check = 3,
+}
+
+const OPERATIONS: [&str; 4] = ["put", "delete", "execute", "check"];
+const OUTCOMES: [&str; 7] = [
+    "applied",
+    "duplicate",
+    "stale-fence",
+    "version-conflict",
+    "unauthenticated",
+    "refused",
+    "error",
+];
+/// `0`–`15`, `other`, `none`: the table's epoch labels, in this order.
+const EPOCHS: usize = 18;
+
+#[allow(clippy::declare_interior_mutable_const)] // only to build the array
+const ZERO: AtomicU64 = AtomicU64::new(0);
+static COUNTS: [AtomicU64; OPERATIONS.len() * OUTCOMES.len() * EPOCHS] =
+    [ZERO; OPERATIONS.len() * OUTCOMES.len() * EPOCHS];
+
+/// The `epoch` label's index of a token argument: its epoch `0`–`15`,
+/// 16 (`other`) above, 17 (`none`) when it is not a token.
+fn epoch_index(token: &[u8]) -> usize {
+    let epoch = std::str::from_utf8(token)
+        .ok()
+        .and_then(|t| t.parse::<fencecheck::SignedTokenText>().ok())
+        .map(|t| t.token.epoch);
+    match epoch {
+        None => 17,
+        Some(e) => usize::try_from(e).ok().filter(|e| *e < 16).unwrap_or(16),
+    }
+}
+
+/// The outcome index of a command's reply: `applied`/`duplicate` by its
+/// first element, a refusal by its error word.
+fn outcome_index<T>(result: &Result<T, Refusal>, duplicate: impl Fn(&T) -> bool) -> usize {
+    match result {
+        Ok(value) if duplicate(value) => 1,
+        Ok(_) => 0,
+        Err(Refusal(line)) => match line.split(' ').next().unwrap_or_default() {
+            "STALEFENCE" => 2,
+            "VERSIONCONFLICT" => 3,
+            "UNAUTHENTICATED" => 4,
+            // The component or the server failed: no decision was made.
+            "FENCERUNTIME" => 6,
+            _ => 5,
+        },
+    }
+}
+
+/// Count one fenced command's result.
+pub(crate) fn count<T>(
+    operation: Operation,
+    token: &[u8],
+    result: &Result<T, Refusal>,
+    duplicate: impl Fn(&T) -> bool,
+) {
+    let i = (operation as usize * OUTCOMES.len() + outcome_index(result, duplicate)) * EPOCHS
+        + epoch_index(token);
+    if let Some(counter) = COUNTS.get(i) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Every nonzero counter as Prometheus text exposition.
+pub(crate) fn exposition() -> String {
+    let mut out = String::from(
+        "# HELP fencecheck_decisions_total Fence decisions by operation, outcome and token epoch (docs/design.md §12)\n\
+         # TYPE fencecheck_decisions_total counter\n",
+    );
+    for (i, counter) in COUNTS.iter().enumerate() {
+        let n = counter.load(Ordering::Relaxed);
+        if n == 0 {
+            continue;
+        }
+        let epoch = i % EPOCHS;
+        let outcome = OUTCOMES[(i / EPOCHS) % OUTCOMES.len()];
+        let operation = OPERATIONS[i / EPOCHS / OUTCOMES.len()];
+        let epoch = match epoch {
+            16 => "other".to_owned(),
+            17 => "none".to_owned(),
+            e => e.to_string(),
+        };
+        // Writing into a String cannot fail.
+        let _ = writeln!(
+            out,
+            "fencecheck_decisions_total{{operation=\"{operation}\",outcome=\"{outcome}\",epoch=\"{epoch}\"}} {n}"
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Token texts map onto the bounded epoch labels; refusals onto outcomes.
+    #[test]
+    fn labels() {
+        assert_eq!(epoch_index(b"0.41"), 0);
+        assert_eq!(epoch_index(b"15.1"), 15);
+        assert_eq!(epoch_index(b"16.1"), 16);
+        assert_eq!(epoch_index(b"not a token"), 17);
+        let stale: Result<(), Refusal> = Err(Refusal("STALEFENCE presented 0.41".into()));
+        assert_eq!(outcome_index(&stale, |_| false), 2);
+        let syntax: Result<(), Refusal> = Err(Refusal("ERR syntax error".into()));
+        assert_eq!(outcome_index(&syntax, |_| false), 5);
+    }
+}
