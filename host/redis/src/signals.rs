@@ -47,6 +47,8 @@ fn epoch_index(token: &[u8]) -> usize {
     let epoch = std::str::from_utf8(token)
         .ok()
         .and_then(|t| t.parse::<fencecheck::SignedTokenText>().ok())
+        // The zero token is "no token" (docs/design.md §2).
+        .filter(|t| t.token.epoch != 0 || t.token.counter != 0)
         .map(|t| t.token.epoch);
     match epoch {
         None => 17,
@@ -124,6 +126,7 @@ mod tests {
         assert_eq!(epoch_index(b"15.1"), 15);
         assert_eq!(epoch_index(b"16.1"), 16);
         assert_eq!(epoch_index(b"not a token"), 17);
+        assert_eq!(epoch_index(b"0.0"), 17);
         let stale: Result<(), Refusal> = Err(Refusal("STALEFENCE presented 0.41".into()));
         assert_eq!(outcome_index(&stale, |_| false), 2);
         let syntax: Result<(), Refusal> = Err(Refusal("ERR syntax error".into()));

@@ -64,7 +64,9 @@ pub fn record_decision<T, E>(
         DECISIONS,
         "operation" => operation,
         "outcome" => outcome,
-        "epoch" => epoch_label(token.map(|t| t.epoch)),
+        // The zero token is "no token" (docs/design.md §2): `none`, as in
+        // every other host.
+        "epoch" => epoch_label(token.filter(|t| t.epoch != 0 || t.counter != 0).map(|t| t.epoch)),
     )
     .increment(1);
 }

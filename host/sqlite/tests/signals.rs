@@ -70,6 +70,12 @@ fn writes_and_publishes_count_the_tables_decisions() -> Result<()> {
             matches!(refused, Fenced::Rejected(Rejection::Refused(_))),
             "{refused:?}"
         );
+        // The zero token is no token: refused, epoch `none`.
+        let zero = write(&mut conn, &strict("a", 0))?;
+        ensure!(
+            matches!(zero, Fenced::Rejected(Rejection::Refused(_))),
+            "{zero:?}"
+        );
         // A failed mutation: no decision took effect.
         ensure!(attempt(&mut conn, &strict("a", 46), true)?.is_err());
         // Epoch 20 is above the label's bound.
@@ -109,6 +115,7 @@ fn writes_and_publishes_count_the_tables_decisions() -> Result<()> {
         ("epoch=0,operation=write,outcome=duplicate", 1),
         ("epoch=0,operation=write,outcome=version-conflict", 1),
         ("epoch=0,operation=write,outcome=refused", 1),
+        ("epoch=none,operation=write,outcome=refused", 1),
         ("epoch=0,operation=write,outcome=error", 1),
         ("epoch=other,operation=write,outcome=applied", 1),
         ("epoch=0,operation=publish,outcome=applied", 1),
