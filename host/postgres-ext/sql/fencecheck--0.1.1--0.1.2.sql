@@ -303,6 +303,12 @@ LANGUAGE C STRICT;
 CREATE FUNCTION fencecheck.decision_coverage() RETURNS text
 AS 'MODULE_PATHNAME', 'fencecheck_decision_coverage'
 LANGUAGE C STRICT;
+-- The same counters by epoch too, as Prometheus text under the cross-host
+-- metric table's name (docs/design.md §12), for a scraper's query.
+CREATE FUNCTION fencecheck.metrics() RETURNS text
+AS 'MODULE_PATHNAME', 'fencecheck_metrics'
+LANGUAGE C STRICT;
+GRANT EXECUTE ON FUNCTION fencecheck.metrics() TO PUBLIC;
 
 CREATE VIEW fencecheck.decisions AS
 SELECT o.operation, d.outcome, c.counts[(o.n - 1) * 7 + d.n] AS decisions,

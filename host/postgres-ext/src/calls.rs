@@ -123,6 +123,7 @@ impl Args<'_> {
         let presented = text("token", self.token)?
             .parse::<SignedTokenText>()
             .map_err(|e| Raise::new(SqlState::InvalidToken, e))?;
+        crate::stats::presented(presented.token);
         let mut request = Request::new(scope, presented.token, policy(self.policy)?);
         request.signature = presented.signature;
         if self.op_id.is_some() {

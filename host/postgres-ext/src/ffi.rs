@@ -272,6 +272,10 @@ fn decision_counts(_fcinfo: pg_sys::FunctionCallInfo) -> Result<Out, Raise> {
     Ok(datum(stats::counts().into_datum()))
 }
 
+fn metrics(_fcinfo: pg_sys::FunctionCallInfo) -> Result<Out, Raise> {
+    Ok(datum(stats::exposition().into_datum()))
+}
+
 fn decision_coverage(_fcinfo: pg_sys::FunctionCallInfo) -> Result<Out, Raise> {
     Ok(datum(stats::coverage().into_datum()))
 }
@@ -319,6 +323,7 @@ entry_points! {
     fencecheck_fence_unprotect, pg_finfo_fencecheck_fence_unprotect => fence_unprotect;
     fencecheck_decision_counts, pg_finfo_fencecheck_decision_counts => decision_counts;
     fencecheck_decision_coverage, pg_finfo_fencecheck_decision_coverage => decision_coverage;
+    fencecheck_metrics, pg_finfo_fencecheck_metrics => metrics;
     fencecheck_unfit, pg_finfo_fencecheck_unfit => unfit;
     fencecheck_trigger_trouble, pg_finfo_fencecheck_trigger_trouble => trigger_trouble;
     fencecheck_unsound, pg_finfo_fencecheck_unsound => unsound;

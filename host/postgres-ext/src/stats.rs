@@ -60,7 +60,44 @@ pub(crate) enum Outcome {
 
 const OPERATIONS: usize = 5;
 const OUTCOMES: usize = 7;
-const COUNTERS: usize = OPERATIONS * OUTCOMES;
+/// The epoch labels of docs/design.md §12: `0`–`15`, `other`, `none`.
+const EPOCHS: usize = 18;
+const COUNTERS: usize = OPERATIONS * OUTCOMES * EPOCHS;
+
+/// `fencecheck.metrics()`'s names, in the enums' order: the table's
+/// `operation` and `outcome` values.
+const OPERATION_LABELS: [&str; OPERATIONS] = ["insert", "update", "delete", "check", "next"];
+const OUTCOME_LABELS: [&str; OUTCOMES] = [
+    "applied",
+    "duplicate",
+    "stale-fence",
+    "version-conflict",
+    "unauthenticated",
+    "refused",
+    "error",
+];
+
+thread_local! {
+    /// The epoch label index of the token the decision being made
+    /// presented: set when its request is built (the only place a token is
+    /// parsed), taken by the count that follows every decision, so a
+    /// decision refused before its token parsed counts as `none`.
+    static PRESENTED: Cell<usize> = const { Cell::new(EPOCHS - 1) };
+}
+
+/// The request being decided presented `token`.
+pub(crate) fn presented(token: Token) {
+    // The zero token is "no token" (docs/design.md §2).
+    let index = if token.epoch == 0 && token.counter == 0 {
+        EPOCHS - 1
+    } else {
+        usize::try_from(token.epoch)
+            .ok()
+            .filter(|e| *e < 16)
+            .unwrap_or(16)
+    };
+    PRESENTED.with(|p| p.set(index));
+}
 
 impl Outcome {
     pub(crate) fn of_decision(decision: &Decision) -> Self {
@@ -99,9 +136,10 @@ fn shared() -> Option<&'static [AtomicU64]> {
     (!p.is_null()).then(|| unsafe { std::slice::from_raw_parts(p, COUNTERS) })
 }
 
-/// Count one decision.
+/// Count one decision, under the epoch its request presented.
 pub(crate) fn count(operation: Operation, outcome: Outcome) {
-    let i = operation as usize * OUTCOMES + outcome as usize;
+    let epoch = PRESENTED.with(|p| p.replace(EPOCHS - 1));
+    let i = (operation as usize * OUTCOMES + outcome as usize) * EPOCHS + epoch;
     match shared() {
         Some(counters) => {
             counters[i].fetch_add(1, Ordering::Relaxed);
@@ -121,16 +159,52 @@ pub(crate) fn count_result<T>(operation: Operation, result: &Result<T, Raise>) {
     );
 }
 
-/// `fencecheck.decision_counts()`: every counter, operation-major.
-pub(crate) fn counts() -> Vec<i64> {
-    let value = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+/// Every counter's value, operation-major, then outcome, then epoch.
+fn values() -> Vec<u64> {
     match shared() {
-        Some(counters) => counters
-            .iter()
-            .map(|c| value(c.load(Ordering::Relaxed)))
-            .collect(),
-        None => LOCAL.with(|l| l.iter().map(|c| value(c.get())).collect()),
+        Some(counters) => counters.iter().map(|c| c.load(Ordering::Relaxed)).collect(),
+        None => LOCAL.with(|l| l.iter().map(Cell::get).collect()),
     }
+}
+
+/// `fencecheck.decision_counts()`: operation × outcome, operation-major,
+/// every epoch summed (the view `fencecheck.decisions`).
+pub(crate) fn counts() -> Vec<i64> {
+    values()
+        .chunks(EPOCHS)
+        .map(|epochs| {
+            let sum = epochs.iter().fold(0u64, |a, n| a.saturating_add(*n));
+            i64::try_from(sum).unwrap_or(i64::MAX)
+        })
+        .collect()
+}
+
+/// `fencecheck.metrics()`: every nonzero counter as Prometheus text, under
+/// the cross-host table's name and labels (docs/design.md §12).
+pub(crate) fn exposition() -> String {
+    use std::fmt::Write;
+    let mut out = String::from(
+        "# HELP fencecheck_decisions_total Fence decisions by operation, outcome and token epoch (docs/design.md §12)\n\
+         # TYPE fencecheck_decisions_total counter\n",
+    );
+    for (i, n) in values().into_iter().enumerate() {
+        if n == 0 {
+            continue;
+        }
+        let epoch = match i % EPOCHS {
+            16 => "other".to_owned(),
+            17 => "none".to_owned(),
+            e => e.to_string(),
+        };
+        let outcome = OUTCOME_LABELS[(i / EPOCHS) % OUTCOMES];
+        let operation = OPERATION_LABELS[i / EPOCHS / OUTCOMES];
+        // Writing into a String cannot fail.
+        let _ = writeln!(
+            out,
+            "fencecheck_decisions_total{{operation=\"{operation}\",outcome=\"{outcome}\",epoch=\"{epoch}\"}} {n}"
+        );
+    }
+    out
 }
 
 /// `fencecheck.decision_coverage()`.

@@ -1,6 +1,8 @@
 //! What a fenced table tells its operator: decisions counted by operation
 //! and outcome in `fencecheck.decisions` (cluster-wide when the library is
-//! preloaded, per session when not), a log line per stale rejection at
+//! preloaded, per session when not), by epoch too under the cross-host
+//! metric table's name in `fencecheck.metrics()` (docs/design.md §12), a
+//! log line per stale rejection at
 //! `fencecheck.log_stale`'s level; and that each backend's cached view of
 //! the keys follows `fencecheck.keys` exactly.
 
@@ -93,6 +95,31 @@ fn decisions_are_counted_cluster_wide_and_stale_ones_logged() -> Result<()> {
             count(&map, operation, outcome)
         );
     }
+    // The same decisions by epoch, under the cross-host table's name.
+    let text: String = db.query_one("SELECT fencecheck.metrics()", &[])?.get(0);
+    let seen = fencecheck_tests::signals::check_exposition(&text, "fencecheck_postgres_")?;
+    fencecheck_tests::signals::expect_seen(
+        &seen,
+        &[(
+            "fencecheck_decisions_total",
+            &[
+                ("operation", "insert"),
+                ("operation", "next"),
+                ("epoch", "none"),
+            ],
+        )],
+    )?;
+    let mut got: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
+    got.sort_unstable();
+    let mut want = vec![
+        r#"fencecheck_decisions_total{operation="insert",outcome="applied",epoch="0"} 1"#,
+        r#"fencecheck_decisions_total{operation="update",outcome="applied",epoch="0"} 1"#,
+        r#"fencecheck_decisions_total{operation="update",outcome="stale-fence",epoch="0"} 1"#,
+        r#"fencecheck_decisions_total{operation="update",outcome="refused",epoch="none"} 1"#,
+        r#"fencecheck_decisions_total{operation="next",outcome="stale-fence",epoch="0"} 1"#,
+    ];
+    want.sort_unstable();
+    ensure!(got == want, "fencecheck.metrics() answered:\n{text}");
     let log = server.log();
     ensure!(
         log.contains(
