@@ -167,6 +167,7 @@ text{font-family:'DejaVu Sans',Helvetica,Arial,sans-serif;font-size:12px;fill:#2
 .late{stroke:#3b6ea8;stroke-width:1.2;stroke-dasharray:4 3}
 .guide{stroke:#111;stroke-width:.8;stroke-dasharray:3 2}
 .overlap{fill:#d62728}
+.bad{fill:#d62728}
 .tok{font-size:9.5px;fill:#fff}
 ";
 
@@ -531,10 +532,11 @@ pub fn svg(run: &Run) -> String {
         "start",
         "title",
         &format!(
-            "fencecheck nemesis, seed {}: {} faults, {} grants, {} writes through the fence \
+            "fencecheck nemesis, seed {}: {} fault{}, {} grants, {} writes through the fence \
              ({applied} applied, {stale} refused stale{})",
             run.seed,
             run.faults.len(),
+            if run.faults.len() == 1 { "" } else { "s" },
             tally.grants.len(),
             tally.writes.len(),
             if others > 0 {
@@ -545,11 +547,12 @@ pub fn svg(run: &Run) -> String {
         ),
     );
     y += 20.0;
+    let overlap = closest.is_some_and(|c| c.gap_ns < 0);
     svg.text(
         margin,
         y,
         "start",
-        "head",
+        if overlap { "head bad" } else { "head" },
         &format!(
             "Closest two believed leases: {}",
             closest.map_or("n/a (fewer than two)".to_owned(), |c| describe_gap(
@@ -737,7 +740,9 @@ mod tests {
 
     /// Two clients, one fault: the beliefs and the closest approach follow
     /// the checker's rule, and the SVG draws every stale write, escapes its
-    /// labels and closes its root.
+    /// labels and closes its root; an overlap (a run the checker fails) is
+    /// named and drawn red. `FENCECHECK_TIMELINE_SAMPLE=PATH` writes that
+    /// overlap picture, to look at.
     #[test]
     fn timeline_draws_a_small_run() {
         let ms = 1_000_000u128;
@@ -802,5 +807,25 @@ mod tests {
             "legend + run"
         );
         assert!(svg.contains("20.0 ms apart"));
+
+        // A run that would fail the checker: client 1's belief starts 5 ms
+        // before client 0's ends. The picture says so and marks it red.
+        tally.grants[1] = grant(1, "p1-1", 2, 130, 135);
+        let b = beliefs(&tally, 1_000);
+        let c = closest(&b).expect("two beliefs");
+        assert_eq!(c.gap_ns, -5 * ms as i128);
+        let svg = super::svg(&Run {
+            seed: 3,
+            clients: 2,
+            start: 0,
+            faults: &faults,
+            tally: &tally,
+            ttl_ms: 1_000,
+        });
+        if let Some(path) = std::env::var_os("FENCECHECK_TIMELINE_SAMPLE") {
+            std::fs::write(path, &svg).expect("writing the sample");
+        }
+        assert!(svg.contains("OVERLAP of 5000 µs"));
+        assert!(svg.contains(r#"class="overlap""#));
     }
 }
