@@ -26,7 +26,7 @@ pub struct LockReply {
     pub body: Value,
     /// What the answer tells the lease rows of the metric table (`None`
     /// for a request the coordinator never saw).
-    pub lease: Option<LeaseEvent>,
+    pub lease: Option<Box<LeaseEvent>>,
 }
 
 /// A coordinator decision in the metric table's terms (docs/design.md §12).
@@ -232,7 +232,7 @@ pub fn handle(
                         (failed(e), event("error", None, kind))
                     }
                 };
-                r.lease = Some(event);
+                r.lease = Some(Box::new(event));
                 r
             }),
         "renew" => serde_json::from_slice::<Renew>(body)
@@ -261,7 +261,7 @@ pub fn handle(
                         (failed(e), "error", kind)
                     }
                 };
-                r.lease = Some(LeaseEvent::Renew { result, error });
+                r.lease = Some(Box::new(LeaseEvent::Renew { result, error }));
                 r
             }),
         "release" => serde_json::from_slice::<Release>(body)
@@ -281,7 +281,7 @@ pub fn handle(
                         (failed(e), kind)
                     }
                 };
-                r.lease = Some(LeaseEvent::Release { error });
+                r.lease = Some(Box::new(LeaseEvent::Release { error }));
                 r
             }),
         _ => Err(problem(404, "not-found", "use acquire, renew or release")),

@@ -54,7 +54,7 @@ pub(crate) async fn serve(
     Ok(match answer {
         Ok(r) => {
             if let Some(event) = r.lease {
-                gw.metrics.lease(event);
+                gw.metrics.lease(*event);
             }
             let kind = if r.status >= 400 {
                 "application/problem+json"
