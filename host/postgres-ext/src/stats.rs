@@ -43,7 +43,8 @@ impl Operation {
     }
 }
 
-/// How it ended. The order is the view's (`sql/protect.sql`).
+/// How it ended. The order is the view's (`sql/protect.sql`) and
+/// `fencecheck::OUTCOME_LABELS`.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Outcome {
     Applied = 0,
@@ -59,23 +60,13 @@ pub(crate) enum Outcome {
 }
 
 const OPERATIONS: usize = 5;
-const OUTCOMES: usize = 7;
+const OUTCOMES: usize = fencecheck::OUTCOME_LABELS.len();
 /// The epoch labels of docs/design.md §12: `0`–`15`, `other`, `none`.
-const EPOCHS: usize = 18;
+const EPOCHS: usize = fencecheck::EPOCH_LABELS.len();
 const COUNTERS: usize = OPERATIONS * OUTCOMES * EPOCHS;
 
-/// `fencecheck.metrics()`'s names, in the enums' order: the table's
-/// `operation` and `outcome` values.
+/// `fencecheck.metrics()`'s operation names, in [`Operation`]'s order.
 const OPERATION_LABELS: [&str; OPERATIONS] = ["insert", "update", "delete", "check", "next"];
-const OUTCOME_LABELS: [&str; OUTCOMES] = [
-    "applied",
-    "duplicate",
-    "stale-fence",
-    "version-conflict",
-    "unauthenticated",
-    "refused",
-    "error",
-];
 
 thread_local! {
     /// The epoch label index of the token the decision being made
@@ -87,16 +78,7 @@ thread_local! {
 
 /// The request being decided presented `token`.
 pub(crate) fn presented(token: Token) {
-    // The zero token is "no token" (docs/design.md §2).
-    let index = if token.epoch == 0 && token.counter == 0 {
-        EPOCHS - 1
-    } else {
-        usize::try_from(token.epoch)
-            .ok()
-            .filter(|e| *e < 16)
-            .unwrap_or(16)
-    };
-    PRESENTED.with(|p| p.set(index));
+    PRESENTED.with(|p| p.set(fencecheck::epoch_index(Some(token))));
 }
 
 impl Outcome {
@@ -182,29 +164,7 @@ pub(crate) fn counts() -> Vec<i64> {
 /// `fencecheck.metrics()`: every nonzero counter as Prometheus text, under
 /// the cross-host table's name and labels (docs/design.md §12).
 pub(crate) fn exposition() -> String {
-    use std::fmt::Write;
-    let mut out = String::from(
-        "# HELP fencecheck_decisions_total Fence decisions by operation, outcome and token epoch (docs/design.md §12)\n\
-         # TYPE fencecheck_decisions_total counter\n",
-    );
-    for (i, n) in values().into_iter().enumerate() {
-        if n == 0 {
-            continue;
-        }
-        let epoch = match i % EPOCHS {
-            16 => "other".to_owned(),
-            17 => "none".to_owned(),
-            e => e.to_string(),
-        };
-        let outcome = OUTCOME_LABELS[(i / EPOCHS) % OUTCOMES];
-        let operation = OPERATION_LABELS[i / EPOCHS / OUTCOMES];
-        // Writing into a String cannot fail.
-        let _ = writeln!(
-            out,
-            "fencecheck_decisions_total{{operation=\"{operation}\",outcome=\"{outcome}\",epoch=\"{epoch}\"}} {n}"
-        );
-    }
-    out
+    fencecheck::decisions_text(&OPERATION_LABELS, &values())
 }
 
 /// `fencecheck.decision_coverage()`.

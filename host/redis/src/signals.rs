@@ -3,9 +3,8 @@
 //! text. Counters live in the module, per server process, since it was
 //! loaded; a replica counts nothing (it applies effects, not FENCE
 //! commands). Labels are fixed arrays: 4 operations × 7 outcomes × 18
-//! epochs, never a key.
+//! epochs (the runtime crate's label lists), never a key.
 
-use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::rules::Refusal;
@@ -24,36 +23,22 @@ pub(crate) enum Operation {
 }
 
 const OPERATIONS: [&str; 4] = ["put", "delete", "execute", "check"];
-const OUTCOMES: [&str; 7] = [
-    "applied",
-    "duplicate",
-    "stale-fence",
-    "version-conflict",
-    "unauthenticated",
-    "refused",
-    "error",
-];
-/// `0`–`15`, `other`, `none`: the table's epoch labels, in this order.
-const EPOCHS: usize = 18;
+const OUTCOMES: usize = fencecheck::OUTCOME_LABELS.len();
+const EPOCHS: usize = fencecheck::EPOCH_LABELS.len();
 
 #[allow(clippy::declare_interior_mutable_const)] // only to build the array
 const ZERO: AtomicU64 = AtomicU64::new(0);
-static COUNTS: [AtomicU64; OPERATIONS.len() * OUTCOMES.len() * EPOCHS] =
-    [ZERO; OPERATIONS.len() * OUTCOMES.len() * EPOCHS];
+static COUNTS: [AtomicU64; OPERATIONS.len() * OUTCOMES * EPOCHS] =
+    [ZERO; OPERATIONS.len() * OUTCOMES * EPOCHS];
 
-/// The `epoch` label's index of a token argument: its epoch `0`–`15`,
-/// 16 (`other`) above, 17 (`none`) when it is not a token.
+/// The `epoch` label's index of a token argument (`none` when it is not
+/// a token).
 fn epoch_index(token: &[u8]) -> usize {
-    let epoch = std::str::from_utf8(token)
+    let token = std::str::from_utf8(token)
         .ok()
         .and_then(|t| t.parse::<fencecheck::SignedTokenText>().ok())
-        // The zero token is "no token" (docs/design.md §2).
-        .filter(|t| t.token.epoch != 0 || t.token.counter != 0)
-        .map(|t| t.token.epoch);
-    match epoch {
-        None => 17,
-        Some(e) => usize::try_from(e).ok().filter(|e| *e < 16).unwrap_or(16),
-    }
+        .map(|t| t.token);
+    fencecheck::epoch_index(token)
 }
 
 /// The outcome index of a command's reply: `applied`/`duplicate` by its
@@ -80,7 +65,7 @@ pub(crate) fn count<T>(
     result: &Result<T, Refusal>,
     duplicate: impl Fn(&T) -> bool,
 ) {
-    let i = (operation as usize * OUTCOMES.len() + outcome_index(result, duplicate)) * EPOCHS
+    let i = (operation as usize * OUTCOMES + outcome_index(result, duplicate)) * EPOCHS
         + epoch_index(token);
     if let Some(counter) = COUNTS.get(i) {
         counter.fetch_add(1, Ordering::Relaxed);
@@ -89,30 +74,8 @@ pub(crate) fn count<T>(
 
 /// Every nonzero counter as Prometheus text exposition.
 pub(crate) fn exposition() -> String {
-    let mut out = String::from(
-        "# HELP fencecheck_decisions_total Fence decisions by operation, outcome and token epoch (docs/design.md §12)\n\
-         # TYPE fencecheck_decisions_total counter\n",
-    );
-    for (i, counter) in COUNTS.iter().enumerate() {
-        let n = counter.load(Ordering::Relaxed);
-        if n == 0 {
-            continue;
-        }
-        let epoch = i % EPOCHS;
-        let outcome = OUTCOMES[(i / EPOCHS) % OUTCOMES.len()];
-        let operation = OPERATIONS[i / EPOCHS / OUTCOMES.len()];
-        let epoch = match epoch {
-            16 => "other".to_owned(),
-            17 => "none".to_owned(),
-            e => e.to_string(),
-        };
-        // Writing into a String cannot fail.
-        let _ = writeln!(
-            out,
-            "fencecheck_decisions_total{{operation=\"{operation}\",outcome=\"{outcome}\",epoch=\"{epoch}\"}} {n}"
-        );
-    }
-    out
+    let counts: Vec<u64> = COUNTS.iter().map(|c| c.load(Ordering::Relaxed)).collect();
+    fencecheck::decisions_text(&OPERATIONS, &counts)
 }
 
 #[cfg(test)]

@@ -36,7 +36,8 @@
 //! - Signals: [`record_decision`] counts a fenced write's result as
 //!   `fencecheck_decisions_total` (docs/design.md §12) through the `metrics`
 //!   facade; [`epoch_label`] and [`Rejection::outcome_label`] are the
-//!   table's label values, for hosts with their own registry.
+//!   table's label values, for hosts with their own registry, and
+//!   [`decisions_text`] the text of a host's fixed counter array.
 //!
 //! Two layers of result: infrastructure failures (a trapped guest, a call too
 //! large) are [`Error`]s; the decision itself is an [`Outcome`]: either a
@@ -100,7 +101,10 @@ pub use runtime::{
     Allocation, COMPONENT, FUEL_BOUND_BASE, FUEL_BOUND_PER_BYTE, Limits, Loaded, PRECOMPILED,
     Precompiled, Runtime, Transport,
 };
-pub use signals::{DECISIONS, MAX_EPOCH_LABEL, epoch_label, record_decision};
+pub use signals::{
+    DECISIONS, EPOCH_LABELS, MAX_EPOCH_LABEL, OUTCOME_LABELS, decisions_text, epoch_index,
+    epoch_label, record_decision,
+};
 pub use text::{KeysText, KeysTextError, SignedTokenText, TokenText, TokenTextError};
 pub use version::{
     WIT_PACKAGE, WIT_VERSION, rewrite_wit_version, supported as supported_components,
