@@ -40,6 +40,12 @@ fn fence_metrics_counts_the_tables_decisions() -> Result<()> {
         // Not a decision: the arity is wrong.
         ensure!(c.cmd(&["FENCE.SET", "report/july"])?.error().is_some());
 
+        // Arguments are refused, and change nothing.
+        let extra = c.cmd(&["FENCE.METRICS", "x"])?;
+        ensure!(
+            extra.error().is_some_and(|e| e.contains("no arguments")),
+            "{extra:?}"
+        );
         let text = c.ok(&["FENCE.METRICS"])?.text().context("a bulk string")?;
         let seen = check_exposition(&text, "fencecheck_redis_")?;
         expect_seen(
