@@ -7,5 +7,5 @@ apt-get update
 apt-get install -y --no-install-recommends cmake nginx
 # The tests run their own nginx on a free port; the packaged service is not needed.
 service nginx stop 2>/dev/null || true
-cmake --version | head -1
+cmake --version | sed -n 1p
 nginx -v

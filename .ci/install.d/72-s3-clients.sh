@@ -8,5 +8,7 @@ python3 -m pip install --disable-pip-version-check --root-user-action=ignore -q 
 export DEBIAN_FRONTEND=noninteractive
 apt-get update
 apt-get install -y --no-install-recommends rclone
-rclone version | head -1
+# sed reads the whole output: `head` would close the pipe early and, under
+# pipefail, the SIGPIPE of a chatty version command fails the install (exit 141).
+rclone version | sed -n 1p
 aws --version

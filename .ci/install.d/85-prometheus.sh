@@ -8,4 +8,4 @@ apt-get update
 apt-get install -y --no-install-recommends prometheus
 # The package's service is not needed (and may not start without systemd).
 service prometheus stop 2>/dev/null || true
-promtool --version | head -1
+promtool --version | sed -n 1p
