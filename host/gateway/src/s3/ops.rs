@@ -7,6 +7,7 @@
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::SystemTime;
 
 use base64::Engine;
 use bytes::Bytes;
@@ -171,8 +172,7 @@ impl Objects {
         bucket: &str,
         key: &str,
         version_id: Option<&str>,
-        if_match: Option<&ETagCondition>,
-        if_none_match: Option<&ETagCondition>,
+        conditions: ReadConditions<'_>,
     ) -> S3Result<Current> {
         note(req, |t| t.op = Some("get"));
         let principal = self.principal(req)?;
@@ -185,17 +185,62 @@ impl Objects {
                 "only the visible version is kept",
             ));
         }
-        let tag = s3_etag(&current);
-        if if_match.is_some_and(|c| !matches(c, &tag)) {
-            return Err(error(
-                S3ErrorCode::PreconditionFailed,
-                "If-Match does not name the current ETag",
-            ));
+        conditions.check(&s3_etag(&current), current.published_at)?;
+        Ok(current)
+    }
+}
+
+/// A GET's or HEAD's preconditions, decided as S3 (and RFC 9110 §13.2.2)
+/// does: the date conditions count only where the ETag condition of the
+/// same kind is absent, so `If-Match` true with `If-Unmodified-Since`
+/// false serves the object, and `If-None-Match` false with
+/// `If-Modified-Since` true serves it too.
+#[derive(Clone, Copy)]
+struct ReadConditions<'a> {
+    if_match: Option<&'a ETagCondition>,
+    if_none_match: Option<&'a ETagCondition>,
+    if_modified_since: Option<&'a Timestamp>,
+    if_unmodified_since: Option<&'a Timestamp>,
+}
+
+impl ReadConditions<'_> {
+    fn check(&self, tag: &str, published_at: SystemTime) -> S3Result<()> {
+        // HTTP dates have whole seconds: compare whole seconds, or an object
+        // written at 12:00:00.4 would count as modified since 12:00:00.
+        let modified = published_at
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
+        let seconds = |t: &Timestamp| time::OffsetDateTime::from(t.clone()).unix_timestamp();
+        match self.if_match {
+            Some(c) if !matches(c, tag) => {
+                return Err(error(
+                    S3ErrorCode::PreconditionFailed,
+                    "If-Match does not name the current ETag",
+                ));
+            }
+            Some(_) => {}
+            None => {
+                if self
+                    .if_unmodified_since
+                    .is_some_and(|t| modified > seconds(t))
+                {
+                    return Err(error(
+                        S3ErrorCode::PreconditionFailed,
+                        "the object was modified after If-Unmodified-Since",
+                    ));
+                }
+            }
         }
-        if if_none_match.is_some_and(|c| matches(c, &tag)) {
+        let unchanged = match self.if_none_match {
+            Some(c) => matches(c, tag),
+            None => self
+                .if_modified_since
+                .is_some_and(|t| modified <= seconds(t)),
+        };
+        if unchanged {
             return Err(S3Error::new(S3ErrorCode::NotModified));
         }
-        Ok(current)
+        Ok(())
     }
 }
 
@@ -896,8 +941,12 @@ impl S3 for Objects {
                     &input.bucket,
                     &input.key,
                     input.version_id.as_deref(),
-                    input.if_match.as_ref(),
-                    input.if_none_match.as_ref(),
+                    ReadConditions {
+                        if_match: input.if_match.as_ref(),
+                        if_none_match: input.if_none_match.as_ref(),
+                        if_modified_since: input.if_modified_since.as_ref(),
+                        if_unmodified_since: input.if_unmodified_since.as_ref(),
+                    },
                 )
                 .await?;
             if previous == Some(current.object) {
@@ -974,8 +1023,12 @@ impl S3 for Objects {
                 &input.bucket,
                 &input.key,
                 input.version_id.as_deref(),
-                input.if_match.as_ref(),
-                input.if_none_match.as_ref(),
+                ReadConditions {
+                    if_match: input.if_match.as_ref(),
+                    if_none_match: input.if_none_match.as_ref(),
+                    if_modified_since: input.if_modified_since.as_ref(),
+                    if_unmodified_since: input.if_unmodified_since.as_ref(),
+                },
             )
             .await?;
         let length = match current.length {

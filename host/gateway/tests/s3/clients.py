@@ -174,6 +174,20 @@ def objects():
     refused(lambda: c.get_object(Bucket="reports", Key="o/data.bin", Range=f"bytes={len(body)}-"), "InvalidRange", 416)
     head = c.head_object(Bucket="reports", Key="o/data.bin")
     assert head["ContentLength"] == len(body) and head["ETag"] == put["ETag"]
+    # Conditional reads as S3 decides them: the ETag condition of a kind
+    # wins over the date condition of the same kind.
+    get = lambda **kw: c.get_object(Bucket="reports", Key="o/data.bin", **kw)  # noqa: E731
+    then, hour = head["LastModified"], datetime.timedelta(hours=1)
+    refused(lambda: get(IfNoneMatch=put["ETag"]), "304", 304)
+    refused(lambda: get(IfModifiedSince=then), "304", 304)
+    refused(lambda: c.head_object(Bucket="reports", Key="o/data.bin", IfModifiedSince=then), "304", 304)
+    assert get(IfModifiedSince=then - hour)["Body"].read() == body
+    assert get(IfNoneMatch='"0000"', IfModifiedSince=then)["Body"].read() == body
+    refused(lambda: get(IfMatch='"0000"'), "PreconditionFailed", 412)
+    refused(lambda: get(IfUnmodifiedSince=then - hour), "PreconditionFailed", 412)
+    refused(lambda: c.head_object(Bucket="reports", Key="o/data.bin", IfUnmodifiedSince=then - hour), "412", 412)
+    assert get(IfUnmodifiedSince=then)["ETag"] == put["ETag"]
+    assert get(IfMatch=put["ETag"], IfUnmodifiedSince=then - hour)["ETag"] == put["ETag"]
     # If-None-Match: * creates only; If-Match guards on the ETag.
     refused(
         lambda: c.put_object(
