@@ -84,6 +84,9 @@ struct Args {
     /// Largest accepted request body, in bytes.
     #[arg(long, default_value_t = 64 << 20)]
     max_body: u64,
+    /// Largest S3 multipart upload (all its parts), in bytes.
+    #[arg(long, default_value_t = 16 << 30)]
+    max_upload: u64,
     /// Seconds to wait for the next chunk of a request body (also the
     /// grace before --min-rate applies, and the bound on each response write).
     #[arg(long, default_value_t = 10)]
@@ -254,6 +257,7 @@ fn main() -> anyhow::Result<()> {
     });
     let config = Config {
         max_body: args.max_body,
+        max_upload: args.max_upload,
         pace: Pace {
             chunk: Duration::from_secs(args.body_timeout.max(1)),
             total: Duration::from_secs(args.body_deadline.max(1)),

@@ -38,6 +38,10 @@ use route::Route;
 pub struct Config {
     /// Largest accepted object body, in bytes.
     pub max_body: u64,
+    /// Largest multipart upload of the S3 front (its parts together), in
+    /// bytes: bounds the disk one upload can take, as `max_body` bounds
+    /// one request.
+    pub max_upload: u64,
     /// The pace request bodies must keep.
     pub pace: Pace,
     /// Longest time to send one response body.
@@ -58,6 +62,7 @@ impl Default for Config {
     fn default() -> Self {
         Self {
             max_body: 64 << 20,
+            max_upload: 16 << 30,
             pace: Pace {
                 chunk: Duration::from_secs(10),
                 total: Duration::from_secs(300),

@@ -614,26 +614,45 @@ impl Declared {
     }
 }
 
-/// Stream `body` into `object`'s blob, bounded by `--max-body`, hashing on
+/// The most bytes a body may have, and the limit that says so (named in
+/// the refusal, so the client's operator knows which flag to raise).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Bound {
+    pub bytes: u64,
+    pub what: &'static str,
+}
+
+impl Bound {
+    /// `--max-body`: every PutObject and every part.
+    pub fn body(core: &Core) -> Self {
+        Bound {
+            bytes: core.config.max_body,
+            what: "the body is over --max-body",
+        }
+    }
+
+    fn refused(self) -> S3Error {
+        error(S3ErrorCode::EntityTooLarge, self.what)
+    }
+}
+
+/// Stream `body` into `object`'s blob, bounded by `bound`, hashing on
 /// the way; then check Content-MD5, the checksums and the length. On any
 /// failure the caller drops the object.
-pub(super) async fn receive(
+async fn receive(
     core: &Core,
     object: ObjectId,
     body: StreamingBlob,
-    declared_length: Option<i64>,
-    content_md5: Option<&str>,
+    (declared_length, content_md5): (Option<i64>, Option<&str>),
+    bound: Bound,
     mut declared: Declared,
     trailers: Option<&s3s::TrailingHeaders>,
 ) -> S3Result<Received> {
     use futures_util::StreamExt;
-    let max = core.config.max_body;
+    let max = bound.bytes;
     let length = declared_length.and_then(|n| u64::try_from(n).ok());
     if length.is_some_and(|n| n > max) {
-        return Err(error(
-            S3ErrorCode::EntityTooLarge,
-            "the body is over --max-body",
-        ));
+        return Err(bound.refused());
     }
     let mut hasher = declared.hasher()?;
     let mut md5 = Md5::new();
@@ -653,10 +672,7 @@ pub(super) async fn receive(
         })?;
         taken += chunk.len() as u64;
         if taken > max {
-            return Err(error(
-                S3ErrorCode::EntityTooLarge,
-                "the body is over --max-body",
-            ));
+            return Err(bound.refused());
         }
         md5.update(&chunk);
         hasher.update(&chunk);
@@ -697,12 +713,24 @@ pub(super) async fn receive_staged(
     core: &Core,
     object: ObjectId,
     body: Option<StreamingBlob>,
-    (length, md5): (Option<i64>, Option<&str>),
+    declared_facts: (Option<i64>, Option<&str>),
+    bound: Bound,
     checksums: Declared,
     trailers: Option<&s3s::TrailingHeaders>,
 ) -> S3Result<Received> {
     let result = match body {
-        Some(body) => receive(core, object, body, length, md5, checksums, trailers).await,
+        Some(body) => {
+            receive(
+                core,
+                object,
+                body,
+                declared_facts,
+                bound,
+                checksums,
+                trailers,
+            )
+            .await
+        }
         None => Err(error(S3ErrorCode::IncompleteBody, "no body")),
     };
     if result.is_err() {
@@ -897,6 +925,7 @@ impl S3 for Objects {
             object,
             body,
             (input.content_length, input.content_md5.as_deref()),
+            Bound::body(&self.core),
             declared,
             req.trailing_headers.as_ref(),
         )

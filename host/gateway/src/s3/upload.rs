@@ -14,8 +14,8 @@ use s3s::{S3ErrorCode, S3Request, S3Response, S3Result};
 
 use super::error;
 use super::ops::{
-    Objects, answer_publish, declared, early_stop, failure, fence_token, hex, note, receive_staged,
-    storage, write_request,
+    Bound, Objects, answer_publish, declared, early_stop, failure, fence_token, hex, note,
+    receive_staged, storage, write_request,
 };
 use crate::http::objects::{cleanup, decide_early};
 use crate::store::{Kind, Meta, Part, Upload};
@@ -132,6 +132,29 @@ impl Objects {
             ));
         }
         let (upload, _) = self.upload_of(&input.upload_id, &scope).await?;
+        // What is left of --max-upload once the other part numbers are
+        // counted (this number's earlier upload is replaced, so it does not
+        // count). Parts uploaded at once may each fit and together not:
+        // Complete checks the sum again.
+        let stored = self
+            .core
+            .work(true, move |s| s.parts(upload))
+            .await
+            .map_err(|f| failure(&f))?;
+        let others: u64 = stored
+            .iter()
+            .filter(|p| p.number != number)
+            .map(|p| p.length)
+            .sum();
+        let left = self.core.config.max_upload.saturating_sub(others);
+        let bound = if left < self.core.config.max_body {
+            Bound {
+                bytes: left,
+                what: "the upload's parts together would be over --max-upload",
+            }
+        } else {
+            Bound::body(&self.core)
+        };
         let s = scope.clone();
         let object = self
             .core
@@ -146,6 +169,7 @@ impl Objects {
             object,
             body,
             (input.content_length, input.content_md5.as_deref()),
+            bound,
             declared,
             req.trailing_headers.as_ref(),
         )
@@ -158,15 +182,24 @@ impl Objects {
             op_id: None,
             etag: Some(etag.clone()),
         };
-        if let Err(f) = self
+        let replaced = match self
             .core
             .work(false, move |store| {
                 store.add_part(upload, number, object, &meta)
             })
             .await
         {
-            cleanup(&self.core, object).await;
-            return Err(failure(&f));
+            Ok(replaced) => replaced,
+            Err(f) => {
+                cleanup(&self.core, object).await;
+                return Err(failure(&f));
+            }
+        };
+        // A part number uploaded again: the earlier blob is no part of the
+        // upload any more; drop it now rather than keep it to the end of
+        // the upload (a client retrying one part must not fill the disk).
+        for earlier in replaced {
+            cleanup(&self.core, earlier).await;
         }
         note(&req, |t| t.outcome = Some("part-stored"));
         let c = received.checksum;
@@ -230,6 +263,12 @@ impl Objects {
             .await
             .map_err(|f| failure(&f))?;
         let chosen = choose_parts(input, &stored)?;
+        if chosen.iter().map(|p| p.length).sum::<u64>() > self.core.config.max_upload {
+            return Err(error(
+                S3ErrorCode::EntityTooLarge,
+                "the upload's parts together are over --max-upload",
+            ));
+        }
         // The object: the parts' bytes, in order, into one new blob.
         let fence = write.fence.clone();
         let s = scope.clone();

@@ -327,28 +327,58 @@ impl Store {
         part: i32,
         object: ObjectId,
         meta: &Meta,
-    ) -> Result<(), Error> {
+    ) -> Result<Vec<ObjectId>, Error> {
         let _turn = self.turn();
-        self.pool.with(|conn, _| {
+        // One transaction: the new part in, the earlier objects of its
+        // number out of the list (returned, for the caller to discard; if
+        // that fails the collector takes them, as any unpublished object).
+        let replaced: Vec<i64> = self.pool.with(|conn, _| {
             record(conn, object, meta)?;
             match conn {
                 Conn::Sqlite(c) => relaxed(c, |c| {
-                    c.prepare_cached(
+                    let tx = c.transaction().map_err(sqlite("recording a part"))?;
+                    let replaced = tx
+                        .prepare_cached(
+                            "DELETE FROM fencecheck_gateway_parts WHERE upload = ?1 AND part = ?2 RETURNING object",
+                        )
+                        .and_then(|mut s| {
+                            s.query_map(params![upload.get(), part], |r| r.get(0))?
+                                .collect::<Result<Vec<i64>, _>>()
+                        })
+                        .map_err(sqlite("recording a part"))?;
+                    tx.prepare_cached(
                         "INSERT INTO fencecheck_gateway_parts (upload, part, object) VALUES (?1, ?2, ?3)",
                     )
                     .and_then(|mut s| s.execute(params![upload.get(), part, object.get()]))
-                    .map(|_| ())
-                    .map_err(sqlite("recording a part"))
+                    .map_err(sqlite("recording a part"))?;
+                    tx.commit().map_err(sqlite("recording a part"))?;
+                    Ok(replaced)
                 }),
-                Conn::Postgres(c) => c
-                    .execute(
+                Conn::Postgres(c) => {
+                    let mut tx = c
+                        .transaction()
+                        .map_err(|e| postgres_error("recording a part", e))?;
+                    let replaced = tx
+                        .query(
+                            "DELETE FROM fencecheck_gateway_parts WHERE upload = $1 AND part = $2 RETURNING object",
+                            &[&upload.get(), &part],
+                        )
+                        .map_err(|e| postgres_error("recording a part", e))?
+                        .iter()
+                        .map(|r| r.get(0))
+                        .collect();
+                    tx.execute(
                         "INSERT INTO fencecheck_gateway_parts (upload, part, object) VALUES ($1, $2, $3)",
                         &[&upload.get(), &part, &object.get()],
                     )
-                    .map(|_| ())
-                    .map_err(|e| postgres_error("recording a part", e)),
+                    .map_err(|e| postgres_error("recording a part", e))?;
+                    tx.commit()
+                        .map_err(|e| postgres_error("recording a part", e))?;
+                    Ok(replaced)
+                }
             }
-        })
+        })?;
+        Ok(replaced.into_iter().map(ObjectId::from_raw).collect())
     }
 
     /// The parts of `upload`, by part number (the latest object of each).
@@ -389,7 +419,7 @@ impl Store {
         Ok(parts)
     }
 
-    /// Every object of `upload` (its parts, superseded ones too, then the
+    /// Every object of `upload` (its parts, then the
     /// upload itself), for discarding.
     pub fn upload_objects(&self, upload: ObjectId) -> Result<Vec<ObjectId>, Error> {
         let rows: Vec<i64> = self.pool.with(|conn, _| match conn {

@@ -10,6 +10,7 @@ test acquired from the gateway's lock endpoints).
 import base64
 import datetime
 import hashlib
+import json
 import os
 import sys
 import urllib.request
@@ -340,6 +341,44 @@ def history():
     got = client().get_object(Bucket="reports", Key=key)
     assert got["Body"].read() == last[3] and got["VersionId"] == str(last[2])
     print(f"history: {len(applied)} applied, {len(log) - len(applied)} stale")
+
+
+def upload_bounded():
+    """An upload under --max-upload 12 MiB: part 1 sent three times (a
+    client retrying: only the last counts and is kept), part 2; a third
+    5 MiB part would pass 12 MiB and is EntityTooLarge, a 2 MiB one fits.
+    The upload is left for `complete_saved` (written to $STATE)."""
+    c = client()
+    key = "bounded/big.bin"
+    up = c.create_multipart_upload(Bucket="reports", Key=key, Metadata={"fence-token": "7.1"})
+    part = lambda n, body: c.upload_part(  # noqa: E731
+        Bucket="reports", Key=key, UploadId=up["UploadId"], PartNumber=n, Body=body
+    )
+    for _ in range(3):
+        first = part(1, os.urandom(5 << 20))
+    second = part(2, os.urandom(5 << 20))
+    refused(lambda: part(3, os.urandom(5 << 20)), "EntityTooLarge", 400)
+    third = part(3, os.urandom(2 << 20))
+    parts = [{"PartNumber": n, "ETag": r["ETag"]} for n, r in ((1, first), (2, second), (3, third))]
+    with open(os.environ["STATE"], "w") as f:
+        json.dump({"Key": key, "UploadId": up["UploadId"], "Parts": parts}, f)
+
+
+def complete_saved():
+    """Complete the upload `upload_bounded` saved; $EXPECT is "ok" (the
+    object is then 12 MiB) or an S3 error code (then nothing is visible)."""
+    c = client()
+    with open(os.environ["STATE"]) as f:
+        saved = json.load(f)
+    done = lambda: c.complete_multipart_upload(  # noqa: E731
+        Bucket="reports", Key=saved["Key"], UploadId=saved["UploadId"], MultipartUpload={"Parts": saved["Parts"]}
+    )
+    if os.environ["EXPECT"] == "ok":
+        done()
+        assert c.head_object(Bucket="reports", Key=saved["Key"])["ContentLength"] == 12 << 20
+    else:
+        refused(done, os.environ["EXPECT"], 400)
+        absent(c, saved["Key"])
 
 
 def begin_only():
