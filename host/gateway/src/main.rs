@@ -87,6 +87,11 @@ struct Args {
     /// Largest S3 multipart upload (all its parts), in bytes.
     #[arg(long, default_value_t = 16 << 30)]
     max_upload: u64,
+    /// S3 CompleteMultipartUploads of at least this many bytes answer 200
+    /// at once and send whitespace until the result, as S3 does (a long
+    /// copy must not outlast the client's read timeout).
+    #[arg(long, default_value_t = 256 << 20)]
+    complete_keepalive_from: u64,
     /// Seconds to wait for the next chunk of a request body (also the
     /// grace before --min-rate applies, and the bound on each response write).
     #[arg(long, default_value_t = 10)]
@@ -258,6 +263,7 @@ fn main() -> anyhow::Result<()> {
     let config = Config {
         max_body: args.max_body,
         max_upload: args.max_upload,
+        complete_keepalive: args.complete_keepalive_from,
         pace: Pace {
             chunk: Duration::from_secs(args.body_timeout.max(1)),
             total: Duration::from_secs(args.body_deadline.max(1)),

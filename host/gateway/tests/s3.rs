@@ -206,6 +206,70 @@ fn boto3_multipart_is_fenced_at_complete() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A CompleteMultipartUpload at or over `--complete-keepalive-from`
+/// answers 200 at once and streams its result after whitespace (as S3
+/// does); boto3 reads it as the same result, a Complete refused before
+/// the copy (stale at once) keeps its own status, and a failure found
+/// during the copy reaches boto3 with its S3 code.
+#[test]
+fn boto3_multipart_with_keep_alive() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let twelve = (12u64 << 20).to_string();
+    let gw = start_with(
+        dir.path(),
+        &["--complete-keepalive-from", "1", "--max-upload", &twelve],
+        &[],
+    )?;
+    let lock = "reports/mp/big.bin";
+    let a = acquire(&gw, lock, "a")?;
+    release(&gw, lock, "a", &a)?;
+    let b = acquire(&gw, lock, "b")?;
+    release(&gw, lock, "b", &b)?;
+    let c = acquire(&gw, lock, "c")?;
+    boto3(
+        &gw,
+        "multipart",
+        &[
+            ("TOKEN_A", &a),
+            ("TOKEN_B", &b),
+            ("TOKEN_C", &c),
+            ("KEEPALIVE", "1"),
+        ],
+    )?;
+    let r = gw.request("GET", "/objects/reports/mp/big.bin", &[], b"")?;
+    ensure!(r.status == 200 && r.body.len() == 6 << 20, "{}", r.status);
+    // A failure found during the copy (a part's blob removed behind the
+    // gateway's back) comes as an error document in the 200.
+    let blobs = |dir: &Path| -> anyhow::Result<Vec<PathBuf>> {
+        let mut found = Vec::new();
+        for entry in std::fs::read_dir(dir.join("blobs"))? {
+            found.push(entry?.path());
+        }
+        Ok(found)
+    };
+    let before = blobs(dir.path())?;
+    let state = dir.path().join("upload.json");
+    let state = state.to_str().context("path")?;
+    boto3(&gw, "upload_bounded", &[("STATE", state)])?;
+    let part = blobs(dir.path())?
+        .into_iter()
+        .find(|b| !before.contains(b))
+        .context("no part blob")?;
+    std::fs::remove_file(part)?;
+    boto3(
+        &gw,
+        "complete_saved",
+        &[
+            ("STATE", state),
+            ("EXPECT", "InvalidPart"),
+            // botocore reads an error in a Complete's 200 as a 500 (and
+            // retries it); the code is the gateway's.
+            ("EXPECT_STATUS", "500"),
+        ],
+    )?;
+    Ok(())
+}
+
 /// SIGKILL with an upload in progress: after a restart nothing of it is
 /// visible, and the collector deletes its parts after `--retention`.
 #[test]

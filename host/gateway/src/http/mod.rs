@@ -42,6 +42,10 @@ pub struct Config {
     /// bytes: bounds the disk one upload can take, as `max_body` bounds
     /// one request.
     pub max_upload: u64,
+    /// An S3 CompleteMultipartUpload of at least this many bytes answers
+    /// 200 at once and sends whitespace until its result (as S3 does), so
+    /// a long copy of the parts does not outlast the client's read timeout.
+    pub complete_keepalive: u64,
     /// The pace request bodies must keep.
     pub pace: Pace,
     /// Longest time to send one response body.
@@ -63,6 +67,7 @@ impl Default for Config {
         Self {
             max_body: 64 << 20,
             max_upload: 16 << 30,
+            complete_keepalive: 256 << 20,
             pace: Pace {
                 chunk: Duration::from_secs(10),
                 total: Duration::from_secs(300),

@@ -37,6 +37,10 @@ pub(crate) struct Tally {
     pub outcome: Option<&'static str>,
     pub epoch: Option<u64>,
     pub principal: Option<String>,
+    /// The answer is 200 at once with whitespace until the result
+    /// (a large CompleteMultipartUpload): no `--response-deadline`, and
+    /// the outcome is known only at its end.
+    pub keep_alive: bool,
 }
 
 /// Shared between the bridge and the operation (request extensions).
@@ -278,18 +282,29 @@ impl Front {
         session
             .write_response_header(Box::new(header), false)
             .await?;
-        send_stream(gw, session, &mut body).await
+        let keep_alive = tally.lock().is_ok_and(|t| t.keep_alive);
+        // A keep-alive answer waits on the gateway, not the client: each
+        // write is still bounded (--min-rate), the whole is not.
+        let deadline = (!keep_alive).then(|| Instant::now() + gw.config.response_deadline);
+        let sent = send_stream(session, &mut body, deadline, keep_alive).await;
+        if keep_alive && let Ok(t) = tally.lock() {
+            ctx.outcome = t.outcome.unwrap_or("error");
+        }
+        sent
     }
 }
 
-/// Send a streamed body within `--response-deadline`.
+/// Send a streamed body, within `deadline` if there is one.
 async fn send_stream(
-    gw: &Gateway,
     session: &mut Session,
     body: &mut s3s::Body,
+    deadline: Option<Instant>,
+    keep_alive: bool,
 ) -> pingora::Result<()> {
     use futures_util::StreamExt;
-    let deadline = Instant::now() + gw.config.response_deadline;
+    let mut first = true;
+    // No deadline: one far enough never to be met.
+    let deadline = deadline.unwrap_or_else(|| Instant::now() + Duration::from_secs(1 << 30));
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         let next = match tokio::time::timeout(left.max(Duration::from_millis(1)), body.next()).await
@@ -312,6 +327,15 @@ async fn send_stream(
                 );
             }
             Some(Ok(chunk)) => {
+                // s3s 0.14 sends the XML declaration first, then an error
+                // document with its own declaration: a second one is not
+                // XML, and SDKs then see no error code at all. Drop it.
+                let chunk = if keep_alive && !first {
+                    without_declaration(chunk)
+                } else {
+                    chunk
+                };
+                first = false;
                 let left = deadline.saturating_duration_since(Instant::now());
                 match tokio::time::timeout(
                     left.max(Duration::from_millis(1)),
@@ -330,6 +354,16 @@ async fn send_stream(
             }
         }
     }
+}
+
+/// `chunk` without a leading `<?xml …?>`.
+fn without_declaration(chunk: Bytes) -> Bytes {
+    if chunk.starts_with(b"<?xml")
+        && let Some(end) = chunk.windows(2).position(|w| w == b"?>")
+    {
+        return chunk.slice(end + 2..);
+    }
+    chunk
 }
 
 /// An S3 error with a message.
@@ -448,7 +482,25 @@ impl ByteStream for Incoming {
 
 #[cfg(test)]
 mod tests {
-    use super::valid_bucket;
+    use super::{valid_bucket, without_declaration};
+    use bytes::Bytes;
+
+    /// A keep-alive answer's error document loses only its own XML
+    /// declaration; whitespace and other chunks pass unchanged.
+    #[test]
+    fn second_declaration_dropped() {
+        let error = Bytes::from_static(
+            b"<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>InvalidPart</Code></Error>",
+        );
+        assert_eq!(
+            without_declaration(error),
+            Bytes::from_static(b"<Error><Code>InvalidPart</Code></Error>")
+        );
+        for same in [&b" "[..], b"<CompleteMultipartUploadResult/>", b"<?xml"] {
+            let chunk = Bytes::copy_from_slice(same);
+            assert_eq!(without_declaration(chunk.clone()), chunk);
+        }
+    }
 
     /// Bucket names follow S3's rules for path-style names.
     #[test]

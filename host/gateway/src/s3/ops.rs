@@ -50,6 +50,7 @@ const MAX_CONTENT_TYPE: usize = 256;
 const LIST_MAX: usize = 1000;
 
 /// The S3 operations of one gateway.
+#[derive(Clone)]
 pub(crate) struct Objects {
     pub(super) core: Arc<Core>,
     pub(super) buckets: Arc<[String]>,

@@ -263,27 +263,13 @@ impl Objects {
             .await
             .map_err(|f| failure(&f))?;
         let chosen = choose_parts(input, &stored)?;
-        if chosen.iter().map(|p| p.length).sum::<u64>() > self.core.config.max_upload {
+        let total: u64 = chosen.iter().map(|p| p.length).sum();
+        if total > self.core.config.max_upload {
             return Err(error(
                 S3ErrorCode::EntityTooLarge,
                 "the upload's parts together are over --max-upload",
             ));
         }
-        // The object: the parts' bytes, in order, into one new blob.
-        let fence = write.fence.clone();
-        let s = scope.clone();
-        let object = self
-            .core
-            .work(false, move |store| store.stage(&s, Kind::Blob, &fence))
-            .await
-            .map_err(|f| failure(&f))?;
-        let written = match concatenate(&self.core, object, &chosen).await {
-            Ok(w) => w,
-            Err(e) => {
-                cleanup(&self.core, object).await;
-                return Err(e);
-            }
-        };
         let mut md5s = Md5::new();
         for part in &chosen {
             let digest = decode_hex(&part.etag).ok_or_else(|| {
@@ -295,27 +281,49 @@ impl Objects {
             md5s.update(digest);
         }
         let etag = format!("{}-{}", hex(&md5s.finalize()), chosen.len());
-        let meta = Meta {
-            length: written.length,
-            sha256: written.sha256,
-            content_type: begun
-                .content_type
-                .clone()
-                .unwrap_or_else(|| "application/octet-stream".to_owned()),
-            op_id: write.request.op_id.clone(),
-            etag: Some(etag.clone()),
+        let (bucket, key) = (input.bucket.clone(), input.key.clone());
+        let finish = Finish {
+            objects: self.clone(),
+            scope,
+            write,
+            content_type: begun.content_type.clone(),
+            upload,
+            chosen,
+            etag,
         };
-        let (version, fence) = answer_publish(&self.core, &req, &write, object, meta).await?;
-        // Published: the upload and its parts are done.
-        self.drop_upload(upload).await;
+        if total >= self.core.config.complete_keepalive {
+            // Copying the parts may outlast a client's read timeout (60 s
+            // in boto3 and aws-cli): answer 200 now and send whitespace
+            // until the result, as S3 does. Every check above still
+            // answered with its own status; what the publish decides
+            // (a newer writer came during the copy) is an error document
+            // in the 200, which SDKs read as an error and retry, and the
+            // retry is refused at once with its own status.
+            note(&req, |t| t.keep_alive = true);
+            let future = async move {
+                let done = finish.run(&req).await?;
+                Ok(CompleteMultipartUploadOutput {
+                    bucket: Some(bucket),
+                    key: Some(key),
+                    e_tag: Some(ETag::Strong(done.etag)),
+                    version_id: Some(done.version.to_string()),
+                    ..Default::default()
+                })
+            };
+            return Ok(S3Response::new(CompleteMultipartUploadOutput {
+                future: Some(Box::pin(future)),
+                ..Default::default()
+            }));
+        }
+        let done = finish.run(&req).await?;
         let mut response = S3Response::new(CompleteMultipartUploadOutput {
-            bucket: Some(input.bucket.clone()),
-            key: Some(input.key.clone()),
-            e_tag: Some(ETag::Strong(etag)),
-            version_id: Some(version.to_string()),
+            bucket: Some(bucket),
+            key: Some(key),
+            e_tag: Some(ETag::Strong(done.etag)),
+            version_id: Some(done.version.to_string()),
             ..Default::default()
         });
-        if let Ok(v) = http::HeaderValue::from_str(&fence) {
+        if let Ok(v) = http::HeaderValue::from_str(&done.fence) {
             response.headers.insert("fence-token", v);
         }
         Ok(response)
@@ -331,6 +339,61 @@ impl Objects {
         self.drop_upload(upload).await;
         note(&req, |t| t.outcome = Some("upload-aborted"));
         Ok(S3Response::new(AbortMultipartUploadOutput::default()))
+    }
+}
+
+/// The rest of a Complete, once everything that can be checked before
+/// the copy has been: concatenate the parts, publish fenced, drop the
+/// upload.
+struct Finish {
+    objects: Objects,
+    scope: String,
+    write: crate::http::objects::Write,
+    content_type: Option<String>,
+    upload: ObjectId,
+    chosen: Vec<Part>,
+    etag: String,
+}
+
+/// What a Complete published.
+struct Done {
+    etag: String,
+    version: u64,
+    fence: String,
+}
+
+impl Finish {
+    async fn run(self, req: &S3Request<CompleteMultipartUploadInput>) -> S3Result<Done> {
+        let core = &self.objects.core;
+        let (fence, s) = (self.write.fence.clone(), self.scope.clone());
+        let object = core
+            .work(false, move |store| store.stage(&s, Kind::Blob, &fence))
+            .await
+            .map_err(|f| failure(&f))?;
+        let written = match concatenate(core, object, &self.chosen).await {
+            Ok(w) => w,
+            Err(e) => {
+                cleanup(core, object).await;
+                return Err(e);
+            }
+        };
+        let meta = Meta {
+            length: written.length,
+            sha256: written.sha256,
+            content_type: self
+                .content_type
+                .unwrap_or_else(|| "application/octet-stream".to_owned()),
+            op_id: self.write.request.op_id.clone(),
+            etag: Some(self.etag.clone()),
+        };
+        let (version, fence) = answer_publish(core, req, &self.write, object, meta).await?;
+        // Published: the upload and its parts are done.
+        self.objects.drop_upload(self.upload).await;
+        Ok(Done {
+            etag: self.etag,
+            version,
+            fence,
+        })
     }
 }
 
