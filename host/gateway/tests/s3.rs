@@ -316,7 +316,8 @@ fn killed_upload_leaves_nothing() -> anyhow::Result<()> {
 /// UploadPart (a part that would pass it is EntityTooLarge and kept
 /// nowhere) and again at Complete (here under a gateway restarted with a
 /// smaller bound: refused, nothing visible). A part number sent again
-/// replaces its blob instead of adding one.
+/// replaces its blob instead of adding one. The answer kept for a retried
+/// Complete is pruned after `--retention`.
 #[test]
 fn multipart_is_bounded_by_max_upload() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
@@ -342,6 +343,27 @@ fn multipart_is_bounded_by_max_upload() -> anyhow::Result<()> {
     let gw = restart(gw, &twelve)?;
     boto3(&gw, "complete_saved", &[("STATE", state), ("EXPECT", "ok")])?;
     // Published: one blob, the parts gone.
+    ensure!(gw.blob_count()? == 1, "{} blobs", gw.blob_count()?);
+    drop(gw);
+    let gw = start_with(dir.path(), &["--retention", "1", "--gc-interval", "1"], &[])?;
+    // The completed upload's answer (kept for a retried Complete) is
+    // pruned after --retention: wait for it, bounded.
+    let db = rusqlite::Connection::open(dir.path().join("fencecheck.db"))?;
+    let kept = || -> anyhow::Result<i64> {
+        Ok(db.query_row(
+            "SELECT count(*) FROM fencecheck_gateway_completed",
+            [],
+            |r| r.get(0),
+        )?)
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while kept()? > 0 {
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "a completed upload's record outlived --retention"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
     ensure!(gw.blob_count()? == 1, "{} blobs", gw.blob_count()?);
     Ok(())
 }

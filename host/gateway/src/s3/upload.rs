@@ -51,6 +51,24 @@ impl Objects {
         Ok((id, upload))
     }
 
+    /// What upload `id` of `scope` was published as, if a Complete
+    /// published it within `--retention`.
+    async fn completed_before(&self, id: &str, scope: &str) -> S3Result<Option<(u64, String)>> {
+        let Some(id) = id
+            .parse::<i64>()
+            .ok()
+            .filter(|n| *n > 0)
+            .map(ObjectId::from_raw)
+        else {
+            return Ok(None);
+        };
+        let scope = scope.to_owned();
+        self.core
+            .work(true, move |s| s.completed(id, &scope))
+            .await
+            .map_err(|f| failure(&f))
+    }
+
     /// Drop every object of an upload, and their blobs.
     async fn drop_upload(&self, upload: ObjectId) {
         match self
@@ -228,7 +246,27 @@ impl Objects {
                 "If-Match / If-None-Match on CompleteMultipartUpload is not supported",
             ));
         }
-        let (upload, begun) = self.upload_of(&input.upload_id, &scope).await?;
+        let (upload, begun) = match self.upload_of(&input.upload_id, &scope).await {
+            Ok(found) => found,
+            Err(e) => {
+                // A Complete retried after its answer was lost (SDKs retry
+                // on a cut connection): the answer it had, not NoSuchUpload
+                // for an object that was published.
+                return match self.completed_before(&input.upload_id, &scope).await? {
+                    Some((version, etag)) => {
+                        note(&req, |t| t.outcome = Some("duplicate"));
+                        Ok(S3Response::new(CompleteMultipartUploadOutput {
+                            bucket: Some(input.bucket.clone()),
+                            key: Some(input.key.clone()),
+                            e_tag: Some(ETag::Strong(etag)),
+                            version_id: Some(version.to_string()),
+                            ..Default::default()
+                        }))
+                    }
+                    None => Err(e),
+                };
+            }
+        };
         // The token: Fence-Token on Complete, else the one the upload began
         // under (checked again now: a newer writer may have come since).
         let presented = match fence_token(&req.headers, None) {
@@ -387,7 +425,18 @@ impl Finish {
             etag: Some(self.etag.clone()),
         };
         let (version, fence) = answer_publish(core, req, &self.write, object, meta).await?;
-        // Published: the upload and its parts are done.
+        // Published: remember the answer (for a retry whose first answer
+        // was lost), then the upload and its parts are done. The record
+        // comes first: there is never a moment with neither.
+        let (upload, scope, etag) = (self.upload, self.scope.clone(), self.etag.clone());
+        if let Err(f) = core
+            .work(false, move |s| {
+                s.record_completed(upload, &scope, version, &etag)
+            })
+            .await
+        {
+            tracing::warn!(upload = upload.get(), error = %failure(&f), "recording a completed upload failed; a retried Complete will be NoSuchUpload");
+        }
         self.objects.drop_upload(self.upload).await;
         Ok(Done {
             etag: self.etag,

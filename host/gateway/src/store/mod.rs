@@ -419,6 +419,68 @@ impl Store {
         Ok(parts)
     }
 
+    /// Remember that `upload` of `scope` was published as `version` with
+    /// `etag` (a retried Complete gets the same answer).
+    pub fn record_completed(
+        &self,
+        upload: ObjectId,
+        scope: &str,
+        version: u64,
+        etag: &str,
+    ) -> Result<(), Error> {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+        let version = i64::try_from(version).map_err(|_| Error::Io {
+            doing: "recording a completed upload",
+            source: std::io::Error::other("the version is over i64"),
+        })?;
+        let _turn = self.turn();
+        self.pool.with(|conn, _| match conn {
+            Conn::Sqlite(c) => c
+                .prepare_cached(
+                    "INSERT OR REPLACE INTO fencecheck_gateway_completed (upload, scope, version, etag, completed_ms)
+                     VALUES (?1, ?2, ?3, ?4, ?5)",
+                )
+                .and_then(|mut s| s.execute(params![upload.get(), scope, version, etag, now]))
+                .map(|_| ())
+                .map_err(sqlite("recording a completed upload")),
+            Conn::Postgres(c) => c
+                .execute(
+                    "INSERT INTO fencecheck_gateway_completed (upload, scope, version, etag, completed_ms)
+                     VALUES ($1, $2, $3, $4, $5) ON CONFLICT (upload) DO NOTHING",
+                    &[&upload.get(), &scope, &version, &etag, &now],
+                )
+                .map(|_| ())
+                .map_err(|e| postgres_error("recording a completed upload", e)),
+        })
+    }
+
+    /// What `upload` of `scope` was published as, if it was (and the
+    /// record is still kept): its version and ETag.
+    pub fn completed(&self, upload: ObjectId, scope: &str) -> Result<Option<(u64, String)>, Error> {
+        let row: Option<(i64, String)> = self.pool.with(|conn, _| match conn {
+            Conn::Sqlite(c) => c
+                .prepare_cached(
+                    "SELECT version, etag FROM fencecheck_gateway_completed WHERE upload = ?1 AND scope = ?2",
+                )
+                .and_then(|mut s| {
+                    s.query_row(params![upload.get(), scope], |r| Ok((r.get(0)?, r.get(1)?)))
+                        .optional()
+                })
+                .map_err(sqlite("reading a completed upload")),
+            Conn::Postgres(c) => c
+                .query_opt(
+                    "SELECT version, etag FROM fencecheck_gateway_completed WHERE upload = $1 AND scope = $2",
+                    &[&upload.get(), &scope],
+                )
+                .map(|row| row.map(|r| (r.get(0), r.get(1))))
+                .map_err(|e| postgres_error("reading a completed upload", e)),
+        })?;
+        row.map(|(version, etag)| Ok((unsigned("version", version)?, etag)))
+            .transpose()
+    }
+
     /// Every object of `upload` (its parts, then the
     /// upload itself), for discarding.
     pub fn upload_objects(&self, upload: ObjectId) -> Result<Vec<ObjectId>, Error> {
@@ -643,6 +705,21 @@ impl Store {
             .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
         let batch = i64::try_from(batch).unwrap_or(i64::MAX);
         let _turn = self.turn();
+        // Completed uploads' answers are kept as long as unpublished blobs.
+        self.pool.with(|conn, _| match conn {
+            Conn::Sqlite(c) => c
+                .prepare_cached("DELETE FROM fencecheck_gateway_completed WHERE completed_ms < ?1")
+                .and_then(|mut s| s.execute([cutoff]))
+                .map(|_| ())
+                .map_err(sqlite("pruning completed uploads")),
+            Conn::Postgres(c) => c
+                .execute(
+                    "DELETE FROM fencecheck_gateway_completed WHERE completed_ms < $1",
+                    &[&cutoff],
+                )
+                .map(|_| ())
+                .map_err(|e| postgres_error("pruning completed uploads", e)),
+        })?;
         let ids: Vec<i64> = self.pool.with(|conn, _| match conn {
             Conn::Sqlite(c) => c
                 .prepare_cached(schema::SQLITE_COLLECT)

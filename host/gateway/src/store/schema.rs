@@ -20,6 +20,10 @@
 //!   facts in `fencecheck_gateway_objects`; none is ever visible, so the
 //!   collector takes them after `--retention` like any unpublished blob,
 //!   and a trigger drops an upload's rows with the upload's object.
+//! - `fencecheck_gateway_completed`: uploads Complete published (the
+//!   version and ETag it answered), so a Complete retried after its answer
+//!   was lost gets that answer again instead of `NoSuchUpload`; pruned by
+//!   the collector `--retention` after the completion.
 //! - An index on `fencecheck_scopes (visible_object)`: "is this object
 //!   referenced?" (discard, the collector) without scanning every pointer.
 
@@ -86,6 +90,13 @@ CREATE TRIGGER IF NOT EXISTS fencecheck_gateway_upload_gone
 BEGIN
     DELETE FROM fencecheck_gateway_parts WHERE upload = OLD.id;
 END;
+CREATE TABLE IF NOT EXISTS fencecheck_gateway_completed (
+    upload       INTEGER NOT NULL PRIMARY KEY,
+    scope        TEXT    NOT NULL,
+    version      INTEGER NOT NULL,
+    etag         TEXT    NOT NULL,
+    completed_ms INTEGER NOT NULL
+);
 ";
 
 pub(crate) const POSTGRES: &str = "
@@ -161,6 +172,13 @@ $$;
 CREATE OR REPLACE TRIGGER fencecheck_gateway_upload_gone
     AFTER DELETE ON fencecheck_objects
     FOR EACH ROW EXECUTE FUNCTION fencecheck_gateway_upload_gone();
+CREATE TABLE IF NOT EXISTS fencecheck_gateway_completed (
+    upload       bigint NOT NULL PRIMARY KEY,
+    scope        text   NOT NULL,
+    version      bigint NOT NULL,
+    etag         text   NOT NULL,
+    completed_ms bigint NOT NULL
+);
 ";
 
 /// Stores made before the S3 front: the `etag` column (SQLite has no

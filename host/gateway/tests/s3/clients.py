@@ -292,6 +292,15 @@ def multipart():
     got = c.get_object(Bucket="reports", Key=key)
     assert got["Body"].read() == b"".join(parts_data)
     assert got["ETag"] == out["ETag"]
+    # The same Complete again (an SDK retrying after a lost answer): the
+    # answer it had, not NoSuchUpload; nothing is published twice.
+    again = c.complete_multipart_upload(
+        Bucket="reports", Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts}
+    )
+    assert again["ETag"] == out["ETag"] and again["VersionId"] == got["VersionId"], (again, got)
+    assert c.head_object(Bucket="reports", Key=key)["VersionId"] == got["VersionId"]
+    refused(lambda: c.upload_part(Bucket="reports", Key=key, UploadId=upload_id, PartNumber=3, Body=b"x"),
+            "NoSuchUpload", 404)
 
 
 def parse_token(text):
