@@ -427,6 +427,19 @@ fn boto3_refusals_change_nothing() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// CopyObject through boto3: a fenced write of the destination with the
+/// copier's token (a stale copier is refused, the source's metadata is
+/// no token), REPLACE, the source's conditions, S3's rules and rights.
+#[test]
+fn boto3_copies_are_fenced() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let gw = start(dir.path())?;
+    boto3(&gw, "copies", &[])?;
+    let r = gw.request("GET", "/objects/reports/cp/dst.bin", &[], b"")?;
+    ensure!(r.status == 200 && r.body.len() == 100_000, "{}", r.status);
+    Ok(())
+}
+
 /// Ranges, MD5 ETags, versions, trailing checksums, listings with a
 /// delimiter and continuation, presigned URLs and conditional writes,
 /// through boto3; the S3 key is the `/objects` key `bucket/key`.
@@ -452,7 +465,8 @@ fn aws(gw: &Gateway, args: &[&str]) -> anyhow::Result<String> {
 }
 
 /// aws-cli: `s3 cp` up (multipart; the token as metadata) and down, byte for byte;
-/// `s3 ls` lists it; a copy with an older token fails and changes nothing.
+/// `s3 ls` lists it; a copy with an older token fails and changes nothing;
+/// `s3 cp` from S3 to S3 is a CopyObject under the copier's token.
 #[test]
 fn aws_cli_cp_and_ls() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
@@ -520,6 +534,39 @@ fn aws_cli_cp_and_ls() -> anyhow::Result<()> {
     );
     let r = gw.request("GET", "/objects/reports/cli/upload.bin", &[], b"")?;
     ensure!(r.status == 200 && r.body == body, "status {}", r.status);
+    // A copy inside the gateway (CopyObject, under aws-cli's multipart
+    // threshold), the copier's token as the new metadata.
+    let small = dir.path().join("small.txt");
+    std::fs::write(&small, b"copied by the gateway")?;
+    aws(
+        &gw,
+        &[
+            "cp",
+            &small.display().to_string(),
+            "s3://reports/cli/small.txt",
+            "--metadata",
+            "fence-token=2.5",
+        ],
+    )?;
+    aws(
+        &gw,
+        &[
+            "cp",
+            "s3://reports/cli/small.txt",
+            "s3://reports/cli/copy.txt",
+            "--metadata",
+            "fence-token=2.6",
+            "--metadata-directive",
+            "REPLACE",
+        ],
+    )?;
+    let r = gw.request("GET", "/objects/reports/cli/copy.txt", &[], b"")?;
+    ensure!(
+        r.status == 200
+            && r.body == b"copied by the gateway"
+            && r.header("fence-token") == Some("2.6"),
+        "{r:?}"
+    );
     Ok(())
 }
 

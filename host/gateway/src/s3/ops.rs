@@ -31,6 +31,9 @@ use s3s::dto::{
     ListBucketsInput, ListBucketsOutput, ListObjectsV2Input, ListObjectsV2Output, Metadata, Object,
     ObjectStorageClass, PutObjectInput, PutObjectOutput, StreamingBlob, Timestamp,
 };
+use s3s::dto::{
+    CopyObjectInput, CopyObjectOutput, CopyObjectResult, CopySource, MetadataDirective,
+};
 use s3s::{S3, S3Error, S3ErrorCode, S3Request, S3Response, S3Result};
 use tokio::sync::mpsc;
 
@@ -808,6 +811,50 @@ fn with_fence<T>(output: T, fence: &str) -> S3Response<T> {
     response
 }
 
+/// Copy `from`'s blob (`length` bytes) into `to`'s, with its MD5.
+/// `Ok(None)`: the source blob is gone (collected after a newer publish).
+async fn copy_blob(
+    core: &Core,
+    from: ObjectId,
+    length: u64,
+    to: ObjectId,
+) -> S3Result<Option<(crate::blobs::Written, [u8; 16])>> {
+    let Some((mut reader, found)) = core.blobs.open(from, None).await.map_err(|e| storage(&e))?
+    else {
+        return Ok(None);
+    };
+    if found != length {
+        return Err(error(
+            S3ErrorCode::InternalError,
+            "the copy source's blob differs from its record",
+        ));
+    }
+    let mut writer = core
+        .blobs
+        .create(to, Some(length))
+        .await
+        .map_err(|e| storage(&e))?;
+    let mut md5 = Md5::new();
+    let mut buf = vec![0u8; 256 << 10];
+    while reader.left() > 0 {
+        let chunk = reader
+            .next(&mut buf)
+            .await
+            .map_err(|e| storage(&e))?
+            .ok_or_else(|| {
+                error(
+                    S3ErrorCode::InternalError,
+                    "the copy source's blob is shorter than recorded",
+                )
+            })?;
+        md5.update(&chunk);
+        writer.write(chunk).await.map_err(|e| storage(&e))?;
+    }
+    core.blobs.done(reader).await;
+    let written = core.blobs.finish(writer).await.map_err(|e| storage(&e))?;
+    Ok(Some((written, md5.finalize().into())))
+}
+
 /// The blob's bytes `[start, end]` as a body: a task reads, a channel
 /// carries (the blob reader is not `Sync`; s3s bodies must be).
 async fn blob_body(
@@ -1087,6 +1134,159 @@ impl S3 for Objects {
             ..Default::default()
         };
         Ok(with_fence(output, &current.fence))
+    }
+
+    /// A fenced write of the destination whose bytes are the source's
+    /// visible object (read right on the source, write right on the
+    /// destination). The token is the copier's: `Fence-Token`, or with
+    /// `MetadataDirective: REPLACE` the new `x-amz-meta-fence-token`; never
+    /// the source's metadata, which holds its own writer's token.
+    async fn copy_object(
+        &self,
+        req: S3Request<CopyObjectInput>,
+    ) -> S3Result<S3Response<CopyObjectOutput>> {
+        let scope = self.writer(&req, "put", &req.input.bucket, &req.input.key)?;
+        let input = &req.input;
+        let CopySource::Bucket {
+            bucket: source_bucket,
+            key: source_key,
+            version_id,
+        } = &input.copy_source
+        else {
+            return Err(error(
+                S3ErrorCode::NotImplemented,
+                "the copy source must be bucket/key (access points are not served)",
+            ));
+        };
+        let replace = input
+            .metadata_directive
+            .as_ref()
+            .is_some_and(|d| d.as_str() == MetadataDirective::REPLACE);
+        if !replace && self.scope(source_bucket, source_key)? == scope {
+            // S3's own rule: a copy onto itself must change something.
+            return Err(error(
+                S3ErrorCode::InvalidRequest,
+                "copying an object onto itself needs MetadataDirective REPLACE",
+            ));
+        }
+        let metadata = if replace {
+            input.metadata.as_ref()
+        } else {
+            None
+        };
+        let presented = fence_token(&req.headers, metadata).inspect_err(|_| {
+            note(&req, |t| t.outcome = Some("missing-token"));
+        })?;
+        let write = write_request(&scope, presented, &req.headers, false)?;
+        note(&req, |t| t.epoch = Some(write.request.token.epoch));
+        let new_type = if replace {
+            Some(content_type(input.content_type.clone())?)
+        } else {
+            None
+        };
+        let (outcome, _head, write) = decide_early(&self.core, write, false)
+            .await
+            .map_err(|f| failure(&f))?;
+        if let Some((e, outcome)) = early_stop(&outcome) {
+            note(&req, |t| t.outcome = Some(outcome));
+            return Err(e);
+        }
+        // As in GetObject: a source replaced (and its blob collected)
+        // between reading its pointer and its blob is read again.
+        let mut previous: Option<ObjectId> = None;
+        loop {
+            let source = self
+                .read(
+                    &req,
+                    source_bucket,
+                    source_key,
+                    version_id.as_deref(),
+                    ReadConditions {
+                        if_match: input.copy_source_if_match.as_ref(),
+                        if_none_match: input.copy_source_if_none_match.as_ref(),
+                        if_modified_since: input.copy_source_if_modified_since.as_ref(),
+                        if_unmodified_since: input.copy_source_if_unmodified_since.as_ref(),
+                    },
+                )
+                .await;
+            note(&req, |t| t.op = Some("put"));
+            let source = source.map_err(|e| {
+                // A copy source's conditions all fail with 412.
+                if *e.code() == S3ErrorCode::NotModified {
+                    error(
+                        S3ErrorCode::PreconditionFailed,
+                        "the copy source is not modified since the date or ETag given",
+                    )
+                } else {
+                    e
+                }
+            })?;
+            if previous == Some(source.object) {
+                return Err(error(
+                    S3ErrorCode::InternalError,
+                    "the copy source's visible object has no blob",
+                ));
+            }
+            previous = Some(source.object);
+            let length = match source.length {
+                Some(n) => Some(n),
+                None => self
+                    .core
+                    .blobs
+                    .size(source.object)
+                    .await
+                    .map_err(|e| storage(&e))?,
+            };
+            let Some(length) = length else { continue };
+            if length > self.core.config.max_upload {
+                return Err(error(
+                    S3ErrorCode::EntityTooLarge,
+                    "the copy source is over --max-upload",
+                ));
+            }
+            let (fence, s) = (write.fence.clone(), scope.clone());
+            let object = self
+                .core
+                .work(false, move |store| store.stage(&s, Kind::Blob, &fence))
+                .await
+                .map_err(|f| failure(&f))?;
+            let (written, md5) = match copy_blob(&self.core, source.object, length, object).await {
+                Ok(Some(copied)) => copied,
+                Ok(None) => {
+                    cleanup(&self.core, object).await;
+                    continue;
+                }
+                Err(e) => {
+                    cleanup(&self.core, object).await;
+                    return Err(e);
+                }
+            };
+            let etag = hex(&md5);
+            let meta = Meta {
+                length: written.length,
+                sha256: written.sha256,
+                content_type: new_type.clone().unwrap_or_else(|| {
+                    source
+                        .content_type
+                        .clone()
+                        .unwrap_or_else(|| DEFAULT_TYPE.to_owned())
+                }),
+                op_id: write.request.op_id.clone(),
+                etag: Some(etag.clone()),
+            };
+            let (version, fence) = answer_publish(&self.core, &req, &write, object, meta).await?;
+            let output = CopyObjectOutput {
+                copy_object_result: Some(CopyObjectResult {
+                    e_tag: Some(ETag::Strong(etag)),
+                    last_modified: Some(Timestamp::from(SystemTime::now())),
+                    ..Default::default()
+                }),
+                copy_source_version_id: Some(source.version.to_string()),
+                version_id: Some(version.to_string()),
+                ..Default::default()
+            };
+            return Ok(with_fence(output, &fence));
+        }
     }
 
     async fn delete_object(

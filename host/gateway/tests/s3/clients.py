@@ -231,6 +231,52 @@ def objects():
     assert "reports" in [b["Name"] for b in c.list_buckets()["Buckets"]]
 
 
+def copies():
+    """CopyObject is a fenced write of the destination with the copier's
+    token (the header, or the new metadata with REPLACE; never the
+    source's metadata); the source's conditions, rights and S3's rules."""
+    c = client()
+    body = os.urandom(100_000)
+    etag = '"%s"' % hashlib.md5(body).hexdigest()
+    src, dst, source = "cp/src.bin", "cp/dst.bin", "reports/cp/src.bin"
+    c.put_object(Bucket="reports", Key=src, Body=body, ContentType="text/x-src", Metadata={"fence-token": "4.1"})
+    # The source's x-amz-meta-fence-token is its writer's, not a token.
+    refused(lambda: c.copy_object(Bucket="reports", Key=dst, CopySource=source), "MissingFenceToken", 428)
+    absent(c, dst)
+    out = client(fence="4.2").copy_object(Bucket="reports", Key=dst, CopySource=source)
+    assert out["CopyObjectResult"]["ETag"] == etag, out
+    got = c.get_object(Bucket="reports", Key=dst)
+    assert got["Body"].read() == body and got["ContentType"] == "text/x-src", got
+    assert got["Metadata"]["fence-token"] == "4.2" and got["VersionId"] == out["VersionId"], got
+    # A newer writer of the destination: the older copier is stale.
+    c.put_object(Bucket="reports", Key=dst, Body=b"newer", Metadata={"fence-token": "5.1"})
+    refused(lambda: client(fence="4.3").copy_object(Bucket="reports", Key=dst, CopySource=source), "StaleFence", 409)
+    assert c.get_object(Bucket="reports", Key=dst)["Body"].read() == b"newer"
+    # REPLACE: the token and the Content-Type from the request.
+    c.copy_object(
+        Bucket="reports", Key=dst, CopySource=source, MetadataDirective="REPLACE",
+        Metadata={"fence-token": "5.2"}, ContentType="text/x-new",
+    )
+    got = c.get_object(Bucket="reports", Key=dst)
+    assert got["Body"].read() == body and got["ContentType"] == "text/x-new", got
+    # The source's conditions fail with 412 and change nothing.
+    fenced = client(fence="5.3")
+    for cond in ({"CopySourceIfMatch": '"0000"'}, {"CopySourceIfNoneMatch": etag},
+                 {"CopySourceIfModifiedSince": datetime.datetime(2100, 1, 1)},
+                 {"CopySourceIfUnmodifiedSince": datetime.datetime(2000, 1, 1)}):
+        refused(lambda: fenced.copy_object(Bucket="reports", Key=dst, CopySource=source, **cond),
+                "PreconditionFailed", 412)
+    assert c.head_object(Bucket="reports", Key=dst)["Metadata"]["fence-token"] == "5.2"
+    fenced.copy_object(Bucket="reports", Key=dst, CopySource=source, CopySourceIfMatch=etag)
+    # S3's rules: onto itself only with REPLACE; a missing source; rights.
+    refused(lambda: fenced.copy_object(Bucket="reports", Key=src, CopySource=source), "InvalidRequest", 400)
+    refused(lambda: fenced.copy_object(Bucket="reports", Key="cp/x", CopySource="reports/cp/none"), "NoSuchKey", 404)
+    reader = client(os.environ["READER_KEY"], os.environ["READER_SECRET"], fence="9.1")
+    refused(lambda: reader.copy_object(Bucket="reports", Key="cp/r", CopySource=source), "AccessDenied", 403)
+    absent(c, "cp/x")
+    absent(c, "cp/r")
+
+
 def multipart():
     """Multipart with boto3: Complete publishes the parts in order with
     S3's multipart ETag; a Complete whose token went stale while it
