@@ -440,9 +440,23 @@ fn boto3_copies_are_fenced() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Ranges, MD5 ETags, versions, trailing checksums, listings with a
-/// delimiter and continuation, presigned URLs and conditional writes,
-/// through boto3; the S3 key is the `/objects` key `bucket/key`.
+/// DeleteObjects through boto3 (the client call and the resource API's
+/// prefix delete): one token, each key decided by its own mark; stale,
+/// unauthorized and versioned keys are Errors entries, the rest deleted.
+#[test]
+fn boto3_batch_deletes_are_fenced_per_key() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let gw = start(dir.path())?;
+    boto3(&gw, "batch_deletes", &[])?;
+    let r = gw.request("GET", "/objects/reports/bd/c", &[], b"")?;
+    ensure!(r.status == 404, "{}", r.status);
+    Ok(())
+}
+
+/// Ranges, MD5 ETags, versions, trailing checksums, conditional reads,
+/// listings (version 2 and 1) with a delimiter and continuation,
+/// presigned URLs and conditional writes, through boto3; the S3 key is
+/// the `/objects` key `bucket/key`.
 #[test]
 fn boto3_reads_what_it_wrote() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;

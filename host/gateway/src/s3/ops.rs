@@ -28,11 +28,13 @@ use s3s::dto::{
     Bucket, Checksum, ChecksumAlgorithm, CommonPrefix, DeleteObjectInput, DeleteObjectOutput, ETag,
     ETagCondition, GetBucketLocationInput, GetBucketLocationOutput, GetObjectInput,
     GetObjectOutput, HeadBucketInput, HeadBucketOutput, HeadObjectInput, HeadObjectOutput,
-    ListBucketsInput, ListBucketsOutput, ListObjectsV2Input, ListObjectsV2Output, Metadata, Object,
-    ObjectStorageClass, PutObjectInput, PutObjectOutput, StreamingBlob, Timestamp,
+    ListBucketsInput, ListBucketsOutput, ListObjectsInput, ListObjectsOutput, ListObjectsV2Input,
+    ListObjectsV2Output, Metadata, Object, ObjectStorageClass, PutObjectInput, PutObjectOutput,
+    StreamingBlob, Timestamp,
 };
 use s3s::dto::{
-    CopyObjectInput, CopyObjectOutput, CopyObjectResult, CopySource, MetadataDirective,
+    CopyObjectInput, CopyObjectOutput, CopyObjectResult, CopySource, DeleteObjectsInput,
+    DeleteObjectsOutput, DeletedObject, MetadataDirective,
 };
 use s3s::{S3, S3Error, S3ErrorCode, S3Request, S3Response, S3Result};
 use tokio::sync::mpsc;
@@ -191,6 +193,43 @@ impl Objects {
         }
         conditions.check(&s3_etag(&current), current.published_at)?;
         Ok(current)
+    }
+}
+
+impl Objects {
+    /// A fenced tombstone for `scope` under `presented`: its version and
+    /// the token text the answer carries.
+    async fn delete_fenced<T>(
+        &self,
+        req: &S3Request<T>,
+        scope: String,
+        presented: SignedTokenText,
+    ) -> S3Result<(u64, String)> {
+        let write = write_request(&scope, presented, &req.headers, false)?;
+        note(req, |t| t.epoch = Some(write.request.token.epoch));
+        let (outcome, _head, write) = decide_early(&self.core, write, false)
+            .await
+            .map_err(|f| failure(&f))?;
+        if let Some((e, outcome)) = early_stop(&outcome) {
+            note(req, |t| t.outcome = Some(outcome));
+            return Err(e);
+        }
+        let fence = write.fence.clone();
+        let object = self
+            .core
+            .work(false, move |store| {
+                store.stage(&scope, Kind::Tombstone, &fence)
+            })
+            .await
+            .map_err(|f| failure(&f))?;
+        let meta = Meta {
+            length: 0,
+            sha256: [0; 32],
+            content_type: String::new(),
+            op_id: write.request.op_id.clone(),
+            etag: None,
+        };
+        answer_publish(&self.core, req, &write, object, meta).await
     }
 }
 
@@ -1301,36 +1340,92 @@ impl S3 for Objects {
                 return Err(e);
             }
         };
-        let write = write_request(&scope, presented, &req.headers, false)?;
-        note(&req, |t| t.epoch = Some(write.request.token.epoch));
-        let (outcome, _head, write) = decide_early(&self.core, write, false)
-            .await
-            .map_err(|f| failure(&f))?;
-        if let Some((e, outcome)) = early_stop(&outcome) {
-            note(&req, |t| t.outcome = Some(outcome));
-            return Err(e);
-        }
-        let fence = write.fence.clone();
-        let object = self
-            .core
-            .work(false, move |store| {
-                store.stage(&scope, Kind::Tombstone, &fence)
-            })
-            .await
-            .map_err(|f| failure(&f))?;
-        let meta = Meta {
-            length: 0,
-            sha256: [0; 32],
-            content_type: String::new(),
-            op_id: write.request.op_id.clone(),
-            etag: None,
-        };
-        let (version, fence) = answer_publish(&self.core, &req, &write, object, meta).await?;
+        let (version, fence) = self.delete_fenced(&req, scope, presented).await?;
         let output = DeleteObjectOutput {
             version_id: Some(version.to_string()),
             ..Default::default()
         };
         Ok(with_fence(output, &fence))
+    }
+
+    /// Each key a DeleteObject of its own under the request's one
+    /// `Fence-Token` (each key's high-water mark decides for that key);
+    /// a key refused (stale, no right) is an `<Error>` entry and the
+    /// others go on, as S3 answers a batch. Nothing is atomic across keys.
+    async fn delete_objects(
+        &self,
+        req: S3Request<DeleteObjectsInput>,
+    ) -> S3Result<S3Response<DeleteObjectsOutput>> {
+        note(&req, |t| t.op = Some("delete"));
+        let principal = self.principal(&req)?;
+        let input = &req.input;
+        self.bucket(&input.bucket)?;
+        let objects = &input.delete.objects;
+        if objects.is_empty() || objects.len() > LIST_MAX {
+            return Err(error(
+                S3ErrorCode::MalformedXML,
+                "name 1 to 1000 keys to delete",
+            ));
+        }
+        let presented = fence_token(&req.headers, None).inspect_err(|_| {
+            note(&req, |t| t.outcome = Some("missing-token"));
+        })?;
+        let quiet = input.delete.quiet.unwrap_or(false);
+        let (mut deleted, mut errors) = (Vec::new(), Vec::new());
+        let mut first_refusal = None;
+        for object in objects {
+            let key = object.key.clone();
+            note(&req, |t| t.outcome = None);
+            let done = if object.version_id.is_some()
+                || object.e_tag.is_some()
+                || object.last_modified_time.is_some()
+                || object.size.is_some()
+            {
+                Err(error(
+                    S3ErrorCode::NotImplemented,
+                    "only the visible version is deleted: no VersionId, ETag, LastModifiedTime or Size",
+                ))
+            } else {
+                match self.scope(&input.bucket, &key).and_then(|scope| {
+                    Self::authorize(&principal, Right::Write, &scope).map(|()| scope)
+                }) {
+                    Ok(scope) => self.delete_fenced(&req, scope, presented.clone()).await,
+                    Err(e) => Err(e),
+                }
+            };
+            match done {
+                Ok((version, _)) => {
+                    if !quiet {
+                        deleted.push(DeletedObject {
+                            key: Some(key),
+                            delete_marker: Some(true),
+                            delete_marker_version_id: Some(version.to_string()),
+                            ..Default::default()
+                        });
+                    }
+                }
+                Err(e) => {
+                    // The decision's own outcome (stale, …) if it came to one.
+                    let mut outcome = None;
+                    note(&req, |t| outcome = t.outcome);
+                    first_refusal.get_or_insert(outcome.unwrap_or("client-error"));
+                    errors.push(s3s::dto::Error {
+                        code: Some(e.code().as_str().to_owned()),
+                        key: Some(key),
+                        message: e.message().map(str::to_owned),
+                        ..Default::default()
+                    });
+                }
+            }
+        }
+        // The request's log line and metrics: applied only if every key was.
+        let outcome = first_refusal.unwrap_or("applied");
+        note(&req, |t| t.outcome = Some(outcome));
+        Ok(S3Response::new(DeleteObjectsOutput {
+            deleted: (!deleted.is_empty()).then_some(deleted),
+            errors: (!errors.is_empty()).then_some(errors),
+            ..Default::default()
+        }))
     }
 
     async fn list_objects_v2(
@@ -1455,6 +1550,58 @@ impl S3 for Objects {
             ..Default::default()
         };
         Ok(S3Response::new(output))
+    }
+
+    /// ListObjects, version 1 (boto3's resource collections and older
+    /// tools use it): the version 2 listing with `marker` as its
+    /// start-after; `NextMarker` (sent, as S3 does, when there is a
+    /// delimiter) is the page's last key or common prefix, and a marker
+    /// that is a common prefix skips every key under it.
+    async fn list_objects(
+        &self,
+        req: S3Request<ListObjectsInput>,
+    ) -> S3Result<S3Response<ListObjectsOutput>> {
+        let marker = req.input.marker.clone();
+        let v2 = req.map_input(|i| {
+            let start_after = i.marker.map(|m| match i.delimiter.as_deref() {
+                Some(d) if !d.is_empty() && m.ends_with(d) => format!("{m}\u{10FFFF}"),
+                _ => m,
+            });
+            ListObjectsV2Input {
+                bucket: i.bucket,
+                delimiter: i.delimiter,
+                max_keys: i.max_keys,
+                prefix: i.prefix,
+                start_after,
+                ..Default::default()
+            }
+        });
+        let page = self.list_objects_v2(v2).await?.output;
+        let last_key = page
+            .contents
+            .as_ref()
+            .and_then(|c| c.last())
+            .and_then(|o| o.key.clone());
+        let last_prefix = page
+            .common_prefixes
+            .as_ref()
+            .and_then(|p| p.last())
+            .and_then(|p| p.prefix.clone());
+        let next_marker = (page.is_truncated == Some(true) && page.delimiter.is_some())
+            .then(|| last_key.into_iter().chain(last_prefix).max())
+            .flatten();
+        Ok(S3Response::new(ListObjectsOutput {
+            name: page.name,
+            prefix: page.prefix,
+            marker,
+            max_keys: page.max_keys,
+            is_truncated: page.is_truncated,
+            contents: page.contents,
+            common_prefixes: page.common_prefixes,
+            delimiter: page.delimiter,
+            next_marker,
+            ..Default::default()
+        }))
     }
 
     async fn create_multipart_upload(

@@ -223,6 +223,17 @@ def objects():
     every = c.get_paginator("list_objects_v2").paginate(Bucket="reports", Prefix="o/", PaginationConfig={"PageSize": 2})
     keys = [o["Key"] for p in every for o in p.get("Contents", [])]
     assert keys == sorted(keys) and len(keys) == 7, keys
+    # ListObjects version 1: Marker / NextMarker, the same pages.
+    v1 = c.list_objects(Bucket="reports", Prefix="o/list/", Delimiter="/", MaxKeys=3)
+    assert [o["Key"] for o in v1["Contents"]] == ["o/list/0.txt", "o/list/1.txt", "o/list/2.txt"], v1
+    assert v1["IsTruncated"] and v1["NextMarker"] == "o/list/2.txt", v1
+    v1 = c.list_objects(Bucket="reports", Prefix="o/list/", Delimiter="/", Marker=v1["NextMarker"])
+    assert [o["Key"] for o in v1["Contents"]] == ["o/list/3.txt", "o/list/4.txt"], v1
+    assert [p["Prefix"] for p in v1["CommonPrefixes"]] == ["o/list/sub/"] and not v1["IsTruncated"], v1
+    v1 = c.list_objects(Bucket="reports", Prefix="o/list/", Delimiter="/", Marker="o/list/sub/")
+    assert "Contents" not in v1 and "CommonPrefixes" not in v1, v1
+    every = c.get_paginator("list_objects").paginate(Bucket="reports", Prefix="o/", PaginationConfig={"PageSize": 2})
+    assert [o["Key"] for p in every for o in p.get("Contents", [])] == keys
     url = c.generate_presigned_url("get_object", Params={"Bucket": "reports", "Key": "o/data.bin"}, ExpiresIn=300)
     with urllib.request.urlopen(url) as r:
         assert r.read() == b"y"
@@ -275,6 +286,45 @@ def copies():
     refused(lambda: reader.copy_object(Bucket="reports", Key="cp/r", CopySource=source), "AccessDenied", 403)
     absent(c, "cp/x")
     absent(c, "cp/r")
+
+
+def batch_deletes():
+    """DeleteObjects: each key a fenced delete under the request's one
+    Fence-Token, decided by that key's mark; refused keys are Errors
+    entries (stale, no right, a version named) and the rest are deleted."""
+    c = client()
+    for k in ("bd/a", "bd/b", "bd/c", "bd/q"):
+        c.put_object(Bucket="reports", Key=k, Body=b"x", Metadata={"fence-token": "6.1"})
+    c.put_object(Bucket="reports", Key="bd/c", Body=b"newer", Metadata={"fence-token": "8.1"})
+    batch = lambda *keys, **kw: {"Objects": [{"Key": k} for k in keys], **kw}  # noqa: E731
+    refused(lambda: c.delete_objects(Bucket="reports", Delete=batch("bd/a")), "MissingFenceToken", 428)
+    out = client(fence="7.1").delete_objects(
+        Bucket="reports",
+        Delete={"Objects": [{"Key": "bd/a"}, {"Key": "bd/b"}, {"Key": "bd/c"}, {"Key": "bd/q", "VersionId": "1"}]},
+    )
+    assert sorted(d["Key"] for d in out["Deleted"]) == ["bd/a", "bd/b"], out
+    assert {e["Key"]: e["Code"] for e in out["Errors"]} == {"bd/c": "StaleFence", "bd/q": "NotImplemented"}, out
+    absent(c, "bd/a")
+    absent(c, "bd/b")
+    assert c.get_object(Bucket="reports", Key="bd/c")["Body"].read() == b"newer"
+    assert c.get_object(Bucket="reports", Key="bd/q")["Body"].read() == b"x"
+    reader = client(os.environ["READER_KEY"], os.environ["READER_SECRET"], fence="9.1")
+    out = reader.delete_objects(Bucket="reports", Delete=batch("bd/c"))
+    assert [e["Code"] for e in out["Errors"]] == ["AccessDenied"], out
+    out = client(fence="7.2").delete_objects(Bucket="reports", Delete=batch("bd/q", Quiet=True))
+    assert "Deleted" not in out and "Errors" not in out, out
+    absent(c, "bd/q")
+    # What boto3's resource API sends for "delete everything under a prefix".
+    fenced = boto3.resource(
+        "s3", endpoint_url=ENDPOINT, aws_access_key_id=os.environ["S3_KEY"],
+        aws_secret_access_key=os.environ["S3_SECRET"], region_name="us-east-1",
+        config=Config(s3={"addressing_style": "path"}),
+    )
+    fenced.meta.client.meta.events.register(
+        "before-sign.s3.*", lambda request, **_: request.headers.__setitem__("Fence-Token", "9.2")
+    )
+    fenced.Bucket("reports").objects.filter(Prefix="bd/").delete()
+    assert "Contents" not in c.list_objects_v2(Bucket="reports", Prefix="bd/")
 
 
 def multipart():
