@@ -429,7 +429,8 @@ fn boto3_refusals_change_nothing() -> anyhow::Result<()> {
 
 /// CopyObject through boto3: a fenced write of the destination with the
 /// copier's token (a stale copier is refused, the source's metadata is
-/// no token), REPLACE, the source's conditions, S3's rules and rights.
+/// no token), REPLACE, the source's conditions, S3's rules and rights;
+/// UploadPartCopy with ranges and through boto3's managed copy.
 #[test]
 fn boto3_copies_are_fenced() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
@@ -480,7 +481,8 @@ fn aws(gw: &Gateway, args: &[&str]) -> anyhow::Result<String> {
 
 /// aws-cli: `s3 cp` up (multipart; the token as metadata) and down, byte for byte;
 /// `s3 ls` lists it; a copy with an older token fails and changes nothing;
-/// `s3 cp` from S3 to S3 is a CopyObject under the copier's token.
+/// `s3 cp` from S3 to S3 is a CopyObject (small) or UploadPartCopy
+/// (large) under the copier's token.
 #[test]
 fn aws_cli_cp_and_ls() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
@@ -574,6 +576,22 @@ fn aws_cli_cp_and_ls() -> anyhow::Result<()> {
             "REPLACE",
         ],
     )?;
+    // Over the threshold: a multipart copy (UploadPartCopy), the token as
+    // the new upload's metadata.
+    aws(
+        &gw,
+        &[
+            "cp",
+            "s3://reports/cli/upload.bin",
+            "s3://reports/cli/upload-copy.bin",
+            "--metadata",
+            "fence-token=2.6",
+            "--metadata-directive",
+            "REPLACE",
+        ],
+    )?;
+    let r = gw.request("GET", "/objects/reports/cli/upload-copy.bin", &[], b"")?;
+    ensure!(r.status == 200 && r.body == body, "status {}", r.status);
     let r = gw.request("GET", "/objects/reports/cli/copy.txt", &[], b"")?;
     ensure!(
         r.status == 200

@@ -34,7 +34,8 @@ use s3s::dto::{
 };
 use s3s::dto::{
     CopyObjectInput, CopyObjectOutput, CopyObjectResult, CopySource, DeleteObjectsInput,
-    DeleteObjectsOutput, DeletedObject, MetadataDirective,
+    DeleteObjectsOutput, DeletedObject, MetadataDirective, UploadPartCopyInput,
+    UploadPartCopyOutput,
 };
 use s3s::{S3, S3Error, S3ErrorCode, S3Request, S3Response, S3Result};
 use tokio::sync::mpsc;
@@ -47,7 +48,7 @@ use crate::http::objects::{Published, Write, cleanup, decide_early, publish_fenc
 use crate::http::reply::token_text;
 use crate::http::{Core, Failure};
 use crate::key::check_decoded;
-use crate::store::{Current, Kind, Meta};
+use crate::store::{Current, Kind, Meta, Store};
 
 const DEFAULT_TYPE: &str = "application/octet-stream";
 const MAX_CONTENT_TYPE: usize = 256;
@@ -196,7 +197,99 @@ impl Objects {
     }
 }
 
+/// What a copy took from its source.
+pub(super) struct Copied {
+    pub written: Written,
+    pub md5: [u8; 16],
+    pub source_version: u64,
+    pub content_type: Option<String>,
+}
+
 impl Objects {
+    /// Copy the visible object of `(bucket, key, version)` (its `range`,
+    /// S3's `bytes=first-last`, if given) into a new staged object made by
+    /// `stage`, within `bound`: read right on the source, its conditions
+    /// (all failing with 412, as for a copy source), MD5 on the way. As in
+    /// GetObject, a source replaced (and its blob collected) between
+    /// reading its pointer and its blob is read again. The operation is
+    /// noted as `op` (the source read notes `get`).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn copy_from<T>(
+        &self,
+        req: &S3Request<T>,
+        op: &'static str,
+        (bucket, key, version_id): (&str, &str, Option<&str>),
+        conditions: ReadConditions<'_>,
+        range: Option<&str>,
+        bound: Bound,
+        stage: impl Fn(&Store) -> Result<ObjectId, crate::error::Error> + Clone + Send + 'static,
+    ) -> S3Result<(ObjectId, Copied)> {
+        let mut previous: Option<ObjectId> = None;
+        loop {
+            let source = self.read(req, bucket, key, version_id, conditions).await;
+            note(req, |t| t.op = Some(op));
+            let source = source.map_err(|e| {
+                if *e.code() == S3ErrorCode::NotModified {
+                    error(
+                        S3ErrorCode::PreconditionFailed,
+                        "the copy source is not modified since the date or ETag given",
+                    )
+                } else {
+                    e
+                }
+            })?;
+            if previous == Some(source.object) {
+                return Err(error(
+                    S3ErrorCode::InternalError,
+                    "the copy source's visible object has no blob",
+                ));
+            }
+            previous = Some(source.object);
+            let length = match source.length {
+                Some(n) => Some(n),
+                None => self
+                    .core
+                    .blobs
+                    .size(source.object)
+                    .await
+                    .map_err(|e| storage(&e))?,
+            };
+            let Some(length) = length else { continue };
+            let span = match range {
+                None if length == 0 => None,
+                None => Some((0, length - 1)),
+                Some(text) => Some(copy_range(text, length)?),
+            };
+            let taking = span.map_or(0, |(s, e)| e - s + 1);
+            if taking > bound.bytes {
+                return Err(bound.refused());
+            }
+            let object = self
+                .core
+                .work(false, stage.clone())
+                .await
+                .map_err(|f| failure(&f))?;
+            match copy_blob(&self.core, source.object, length, span, object).await {
+                Ok(Some((written, md5))) => {
+                    return Ok((
+                        object,
+                        Copied {
+                            written,
+                            md5,
+                            source_version: source.version,
+                            content_type: source.content_type.clone(),
+                        },
+                    ));
+                }
+                Ok(None) => cleanup(&self.core, object).await,
+                Err(e) => {
+                    cleanup(&self.core, object).await;
+                    return Err(e);
+                }
+            }
+        }
+    }
+
     /// A fenced tombstone for `scope` under `presented`: its version and
     /// the token text the answer carries.
     async fn delete_fenced<T>(
@@ -239,11 +332,11 @@ impl Objects {
 /// false serves the object, and `If-None-Match` false with
 /// `If-Modified-Since` true serves it too.
 #[derive(Clone, Copy)]
-struct ReadConditions<'a> {
-    if_match: Option<&'a ETagCondition>,
-    if_none_match: Option<&'a ETagCondition>,
-    if_modified_since: Option<&'a Timestamp>,
-    if_unmodified_since: Option<&'a Timestamp>,
+pub(super) struct ReadConditions<'a> {
+    pub if_match: Option<&'a ETagCondition>,
+    pub if_none_match: Option<&'a ETagCondition>,
+    pub if_modified_since: Option<&'a Timestamp>,
+    pub if_unmodified_since: Option<&'a Timestamp>,
 }
 
 impl ReadConditions<'_> {
@@ -850,15 +943,44 @@ fn with_fence<T>(output: T, fence: &str) -> S3Response<T> {
     response
 }
 
-/// Copy `from`'s blob (`length` bytes) into `to`'s, with its MD5.
-/// `Ok(None)`: the source blob is gone (collected after a newer publish).
+/// S3's `x-amz-copy-source-range`: `bytes=first-last`, both given, inside
+/// an object of `length` bytes.
+fn copy_range(text: &str, length: u64) -> S3Result<(u64, u64)> {
+    let bad = || {
+        error(
+            S3ErrorCode::InvalidArgument,
+            format!(
+                "x-amz-copy-source-range must be bytes=first-last inside the source ({length} bytes)"
+            ),
+        )
+    };
+    let (first, last) = text
+        .trim()
+        .strip_prefix("bytes=")
+        .and_then(|r| r.split_once('-'))
+        .ok_or_else(bad)?;
+    let number = |s: &str| -> Option<u64> {
+        (!s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
+            .then(|| s.parse().ok())
+            .flatten()
+    };
+    match (number(first), number(last)) {
+        (Some(first), Some(last)) if first <= last && last < length => Ok((first, last)),
+        _ => Err(bad()),
+    }
+}
+
+/// Copy bytes `span` (inclusive; `None`: an empty blob) of `from`'s blob,
+/// `length` bytes in all, into `to`'s, with their MD5. `Ok(None)`: the
+/// source blob is gone (collected after a newer publish).
 async fn copy_blob(
     core: &Core,
     from: ObjectId,
     length: u64,
+    span: Option<(u64, u64)>,
     to: ObjectId,
-) -> S3Result<Option<(crate::blobs::Written, [u8; 16])>> {
-    let Some((mut reader, found)) = core.blobs.open(from, None).await.map_err(|e| storage(&e))?
+) -> S3Result<Option<(Written, [u8; 16])>> {
+    let Some((mut reader, found)) = core.blobs.open(from, span).await.map_err(|e| storage(&e))?
     else {
         return Ok(None);
     };
@@ -868,9 +990,10 @@ async fn copy_blob(
             "the copy source's blob differs from its record",
         ));
     }
+    let taking = span.map_or(0, |(s, e)| e - s + 1);
     let mut writer = core
         .blobs
-        .create(to, Some(length))
+        .create(to, Some(taking))
         .await
         .map_err(|e| storage(&e))?;
     let mut md5 = Md5::new();
@@ -1230,102 +1353,58 @@ impl S3 for Objects {
             note(&req, |t| t.outcome = Some(outcome));
             return Err(e);
         }
-        // As in GetObject: a source replaced (and its blob collected)
-        // between reading its pointer and its blob is read again.
-        let mut previous: Option<ObjectId> = None;
-        loop {
-            let source = self
-                .read(
-                    &req,
-                    source_bucket,
-                    source_key,
-                    version_id.as_deref(),
-                    ReadConditions {
-                        if_match: input.copy_source_if_match.as_ref(),
-                        if_none_match: input.copy_source_if_none_match.as_ref(),
-                        if_modified_since: input.copy_source_if_modified_since.as_ref(),
-                        if_unmodified_since: input.copy_source_if_unmodified_since.as_ref(),
-                    },
-                )
-                .await;
-            note(&req, |t| t.op = Some("put"));
-            let source = source.map_err(|e| {
-                // A copy source's conditions all fail with 412.
-                if *e.code() == S3ErrorCode::NotModified {
-                    error(
-                        S3ErrorCode::PreconditionFailed,
-                        "the copy source is not modified since the date or ETag given",
-                    )
-                } else {
-                    e
-                }
-            })?;
-            if previous == Some(source.object) {
-                return Err(error(
-                    S3ErrorCode::InternalError,
-                    "the copy source's visible object has no blob",
-                ));
-            }
-            previous = Some(source.object);
-            let length = match source.length {
-                Some(n) => Some(n),
-                None => self
-                    .core
-                    .blobs
-                    .size(source.object)
-                    .await
-                    .map_err(|e| storage(&e))?,
-            };
-            let Some(length) = length else { continue };
-            if length > self.core.config.max_upload {
-                return Err(error(
-                    S3ErrorCode::EntityTooLarge,
-                    "the copy source is over --max-upload",
-                ));
-            }
-            let (fence, s) = (write.fence.clone(), scope.clone());
-            let object = self
-                .core
-                .work(false, move |store| store.stage(&s, Kind::Blob, &fence))
-                .await
-                .map_err(|f| failure(&f))?;
-            let (written, md5) = match copy_blob(&self.core, source.object, length, object).await {
-                Ok(Some(copied)) => copied,
-                Ok(None) => {
-                    cleanup(&self.core, object).await;
-                    continue;
-                }
-                Err(e) => {
-                    cleanup(&self.core, object).await;
-                    return Err(e);
-                }
-            };
-            let etag = hex(&md5);
-            let meta = Meta {
-                length: written.length,
-                sha256: written.sha256,
-                content_type: new_type.clone().unwrap_or_else(|| {
-                    source
-                        .content_type
-                        .clone()
-                        .unwrap_or_else(|| DEFAULT_TYPE.to_owned())
-                }),
-                op_id: write.request.op_id.clone(),
-                etag: Some(etag.clone()),
-            };
-            let (version, fence) = answer_publish(&self.core, &req, &write, object, meta).await?;
-            let output = CopyObjectOutput {
-                copy_object_result: Some(CopyObjectResult {
-                    e_tag: Some(ETag::Strong(etag)),
-                    last_modified: Some(Timestamp::from(SystemTime::now())),
-                    ..Default::default()
-                }),
-                copy_source_version_id: Some(source.version.to_string()),
-                version_id: Some(version.to_string()),
+        let (fence, s) = (write.fence.clone(), scope.clone());
+        let (object, copied) = self
+            .copy_from(
+                &req,
+                "put",
+                (source_bucket, source_key, version_id.as_deref()),
+                ReadConditions {
+                    if_match: input.copy_source_if_match.as_ref(),
+                    if_none_match: input.copy_source_if_none_match.as_ref(),
+                    if_modified_since: input.copy_source_if_modified_since.as_ref(),
+                    if_unmodified_since: input.copy_source_if_unmodified_since.as_ref(),
+                },
+                None,
+                Bound {
+                    bytes: self.core.config.max_upload,
+                    what: "the copy source is over --max-upload",
+                },
+                move |store: &Store| store.stage(&s, Kind::Blob, &fence),
+            )
+            .await?;
+        let etag = hex(&copied.md5);
+        let meta = Meta {
+            length: copied.written.length,
+            sha256: copied.written.sha256,
+            content_type: new_type.unwrap_or_else(|| {
+                copied
+                    .content_type
+                    .clone()
+                    .unwrap_or_else(|| DEFAULT_TYPE.to_owned())
+            }),
+            op_id: write.request.op_id.clone(),
+            etag: Some(etag.clone()),
+        };
+        let (version, fence) = answer_publish(&self.core, &req, &write, object, meta).await?;
+        let output = CopyObjectOutput {
+            copy_object_result: Some(CopyObjectResult {
+                e_tag: Some(ETag::Strong(etag)),
+                last_modified: Some(Timestamp::from(SystemTime::now())),
                 ..Default::default()
-            };
-            return Ok(with_fence(output, &fence));
-        }
+            }),
+            copy_source_version_id: Some(copied.source_version.to_string()),
+            version_id: Some(version.to_string()),
+            ..Default::default()
+        };
+        Ok(with_fence(output, &fence))
+    }
+
+    async fn upload_part_copy(
+        &self,
+        req: S3Request<UploadPartCopyInput>,
+    ) -> S3Result<S3Response<UploadPartCopyOutput>> {
+        Objects::upload_part_copy(self, req).await
     }
 
     async fn delete_object(

@@ -7,18 +7,19 @@
 use md5::{Digest, Md5};
 use s3s::dto::{
     AbortMultipartUploadInput, AbortMultipartUploadOutput, CompleteMultipartUploadInput,
-    CompleteMultipartUploadOutput, CreateMultipartUploadInput, CreateMultipartUploadOutput, ETag,
+    CompleteMultipartUploadOutput, CopyPartResult, CopySource, CreateMultipartUploadInput,
+    CreateMultipartUploadOutput, ETag, Timestamp, UploadPartCopyInput, UploadPartCopyOutput,
     UploadPartInput, UploadPartOutput,
 };
 use s3s::{S3ErrorCode, S3Request, S3Response, S3Result};
 
 use super::error;
 use super::ops::{
-    Bound, Objects, answer_publish, declared, early_stop, failure, fence_token, hex, note,
-    receive_staged, storage, write_request,
+    Bound, Objects, ReadConditions, answer_publish, declared, early_stop, failure, fence_token,
+    hex, note, receive_staged, storage, write_request,
 };
 use crate::http::objects::{cleanup, decide_early};
-use crate::store::{Kind, Meta, Part, Upload};
+use crate::store::{Kind, Meta, Part, Store, Upload};
 use fencecheck_sqlite::ObjectId;
 
 /// S3's least part size (all but the last part).
@@ -67,6 +68,128 @@ impl Objects {
             .work(true, move |s| s.completed(id, &scope))
             .await
             .map_err(|f| failure(&f))
+    }
+
+    /// What part `number` of `upload` may hold: `--max-body`, or what is
+    /// left of `--max-upload` once the other part numbers are counted
+    /// (this number's earlier upload is replaced, so it does not count).
+    /// Parts sent at once may each fit and together not: Complete checks
+    /// the sum again.
+    async fn part_bound(&self, upload: ObjectId, number: i32) -> S3Result<Bound> {
+        let stored = self
+            .core
+            .work(true, move |s| s.parts(upload))
+            .await
+            .map_err(|f| failure(&f))?;
+        let others: u64 = stored
+            .iter()
+            .filter(|p| p.number != number)
+            .map(|p| p.length)
+            .sum();
+        let left = self.core.config.max_upload.saturating_sub(others);
+        Ok(if left < self.core.config.max_body {
+            Bound {
+                bytes: left,
+                what: "the upload's parts together would be over --max-upload",
+            }
+        } else {
+            Bound::body(&self.core)
+        })
+    }
+
+    /// Record a stored part (its staged `object` is dropped if that
+    /// fails); a part number uploaded again replaces its blob, which goes
+    /// now rather than at the end of the upload (a client retrying one
+    /// part must not fill the disk).
+    async fn add_part(
+        &self,
+        upload: ObjectId,
+        number: i32,
+        object: ObjectId,
+        meta: Meta,
+    ) -> S3Result<()> {
+        let replaced = match self
+            .core
+            .work(false, move |store| {
+                store.add_part(upload, number, object, &meta)
+            })
+            .await
+        {
+            Ok(replaced) => replaced,
+            Err(f) => {
+                cleanup(&self.core, object).await;
+                return Err(failure(&f));
+            }
+        };
+        for earlier in replaced {
+            cleanup(&self.core, earlier).await;
+        }
+        Ok(())
+    }
+
+    /// UploadPartCopy: a part whose bytes are (a range of) another key's
+    /// visible object; read right on the source, its conditions 412.
+    pub(super) async fn upload_part_copy(
+        &self,
+        req: S3Request<UploadPartCopyInput>,
+    ) -> S3Result<S3Response<UploadPartCopyOutput>> {
+        let scope = self.writer(&req, "put-part", &req.input.bucket, &req.input.key)?;
+        let input = &req.input;
+        let number = input.part_number;
+        if !(1..=MAX_PART_NUMBER).contains(&number) {
+            return Err(error(
+                S3ErrorCode::InvalidArgument,
+                "part numbers are 1 to 10000",
+            ));
+        }
+        let CopySource::Bucket {
+            bucket: source_bucket,
+            key: source_key,
+            version_id,
+        } = &input.copy_source
+        else {
+            return Err(error(
+                S3ErrorCode::NotImplemented,
+                "the copy source must be bucket/key (access points are not served)",
+            ));
+        };
+        let (upload, _) = self.upload_of(&input.upload_id, &scope).await?;
+        let bound = self.part_bound(upload, number).await?;
+        let (object, copied) = self
+            .copy_from(
+                &req,
+                "put-part",
+                (source_bucket, source_key, version_id.as_deref()),
+                ReadConditions {
+                    if_match: input.copy_source_if_match.as_ref(),
+                    if_none_match: input.copy_source_if_none_match.as_ref(),
+                    if_modified_since: input.copy_source_if_modified_since.as_ref(),
+                    if_unmodified_since: input.copy_source_if_unmodified_since.as_ref(),
+                },
+                input.copy_source_range.as_deref(),
+                bound,
+                move |store: &Store| store.stage_part(&scope, upload),
+            )
+            .await?;
+        let etag = hex(&copied.md5);
+        let meta = Meta {
+            length: copied.written.length,
+            sha256: copied.written.sha256,
+            content_type: String::new(),
+            op_id: None,
+            etag: Some(etag.clone()),
+        };
+        self.add_part(upload, number, object, meta).await?;
+        note(&req, |t| t.outcome = Some("part-stored"));
+        Ok(S3Response::new(UploadPartCopyOutput {
+            copy_part_result: Some(CopyPartResult {
+                e_tag: Some(ETag::Strong(etag)),
+                last_modified: Some(Timestamp::from(std::time::SystemTime::now())),
+                ..Default::default()
+            }),
+            copy_source_version_id: Some(copied.source_version.to_string()),
+            ..Default::default()
+        }))
     }
 
     /// Drop every object of an upload, and their blobs.
@@ -150,29 +273,7 @@ impl Objects {
             ));
         }
         let (upload, _) = self.upload_of(&input.upload_id, &scope).await?;
-        // What is left of --max-upload once the other part numbers are
-        // counted (this number's earlier upload is replaced, so it does not
-        // count). Parts uploaded at once may each fit and together not:
-        // Complete checks the sum again.
-        let stored = self
-            .core
-            .work(true, move |s| s.parts(upload))
-            .await
-            .map_err(|f| failure(&f))?;
-        let others: u64 = stored
-            .iter()
-            .filter(|p| p.number != number)
-            .map(|p| p.length)
-            .sum();
-        let left = self.core.config.max_upload.saturating_sub(others);
-        let bound = if left < self.core.config.max_body {
-            Bound {
-                bytes: left,
-                what: "the upload's parts together would be over --max-upload",
-            }
-        } else {
-            Bound::body(&self.core)
-        };
+        let bound = self.part_bound(upload, number).await?;
         let s = scope.clone();
         let object = self
             .core
@@ -200,25 +301,7 @@ impl Objects {
             op_id: None,
             etag: Some(etag.clone()),
         };
-        let replaced = match self
-            .core
-            .work(false, move |store| {
-                store.add_part(upload, number, object, &meta)
-            })
-            .await
-        {
-            Ok(replaced) => replaced,
-            Err(f) => {
-                cleanup(&self.core, object).await;
-                return Err(failure(&f));
-            }
-        };
-        // A part number uploaded again: the earlier blob is no part of the
-        // upload any more; drop it now rather than keep it to the end of
-        // the upload (a client retrying one part must not fill the disk).
-        for earlier in replaced {
-            cleanup(&self.core, earlier).await;
-        }
+        self.add_part(upload, number, object, meta).await?;
         note(&req, |t| t.outcome = Some("part-stored"));
         let c = received.checksum;
         Ok(S3Response::new(UploadPartOutput {

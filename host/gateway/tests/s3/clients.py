@@ -245,7 +245,8 @@ def objects():
 def copies():
     """CopyObject is a fenced write of the destination with the copier's
     token (the header, or the new metadata with REPLACE; never the
-    source's metadata); the source's conditions, rights and S3's rules."""
+    source's metadata); the source's conditions, rights and S3's rules;
+    UploadPartCopy with ranges, and boto3's managed copy that uses it."""
     c = client()
     body = os.urandom(100_000)
     etag = '"%s"' % hashlib.md5(body).hexdigest()
@@ -286,6 +287,29 @@ def copies():
     refused(lambda: reader.copy_object(Bucket="reports", Key="cp/r", CopySource=source), "AccessDenied", 403)
     absent(c, "cp/x")
     absent(c, "cp/r")
+    # UploadPartCopy: parts that are ranges of another key's object.
+    big = os.urandom((6 << 20) + 123)
+    c.put_object(Bucket="reports", Key="cp/big.bin", Body=big, Metadata={"fence-token": "4.1"})
+    up = c.create_multipart_upload(Bucket="reports", Key="cp/multi.bin", Metadata={"fence-token": "5.4"})
+    part = lambda n, r: c.upload_part_copy(  # noqa: E731
+        Bucket="reports", Key="cp/multi.bin", UploadId=up["UploadId"], PartNumber=n,
+        CopySource="reports/cp/big.bin", CopySourceRange=r,
+    )
+    refused(lambda: part(1, "bytes=0-%d" % len(big)), "InvalidArgument", 400)
+    refused(lambda: part(1, "bytes=-5"), "InvalidArgument", 400)
+    first = part(1, "bytes=0-%d" % ((5 << 20) - 1))["CopyPartResult"]["ETag"]
+    second = part(2, "bytes=%d-%d" % (5 << 20, len(big) - 1))["CopyPartResult"]["ETag"]
+    assert first == '"%s"' % hashlib.md5(big[: 5 << 20]).hexdigest(), first
+    c.complete_multipart_upload(
+        Bucket="reports", Key="cp/multi.bin", UploadId=up["UploadId"],
+        MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": first}, {"PartNumber": 2, "ETag": second}]},
+    )
+    assert c.get_object(Bucket="reports", Key="cp/multi.bin")["Body"].read() == big
+    # boto3's managed copy: UploadPartCopy above its 8 MiB threshold.
+    huge = os.urandom(9 << 20)
+    c.put_object(Bucket="reports", Key="cp/huge.bin", Body=huge, Metadata={"fence-token": "4.1"})
+    client(fence="5.5").copy({"Bucket": "reports", "Key": "cp/huge.bin"}, "reports", "cp/huge-copy.bin")
+    assert c.get_object(Bucket="reports", Key="cp/huge-copy.bin")["Body"].read() == huge
 
 
 def batch_deletes():
