@@ -627,9 +627,11 @@ fn rclone(gw: &Gateway, args: &[&str]) -> anyhow::Result<String> {
 
 /// rclone: `copy` a directory with the token as metadata
 /// (`--header-upload "X-Amz-Meta-Fence-Token: …"`: rclone's S3 backend
-/// passes only headers it knows on uploads), `ls` and `cat` it back; a copy
-/// of a changed file with an older token (as `--header "Fence-Token: …"`,
-/// sent on every request) is refused and the first copy stays.
+/// passes only headers it knows on uploads), `ls` and `cat` it back; its
+/// modtime metadata is kept (`lsl`; an unchanged file is not written
+/// again); a copy of a changed file with an older token (as `--header
+/// "Fence-Token: …"`, sent on every request) is refused and the first
+/// copy stays.
 #[test]
 fn rclone_copy_with_the_header() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
@@ -638,21 +640,31 @@ fn rclone_copy_with_the_header() -> anyhow::Result<()> {
     std::fs::create_dir_all(src.join("nested"))?;
     std::fs::write(src.join("a.txt"), b"alpha")?;
     std::fs::write(src.join("nested/b.txt"), b"beta")?;
+    run(Command::new("touch")
+        .args(["-d", "2001-02-03 04:05:06 UTC"])
+        .arg(src.join("a.txt")))?;
     let from = src.display().to_string();
-    rclone(
-        &gw,
-        &[
-            "copy",
-            &from,
-            "gw:reports/rc",
-            "--header-upload",
-            "X-Amz-Meta-Fence-Token: 4.2",
-        ],
-    )?;
+    let copy = |extra: &[&str]| -> anyhow::Result<String> {
+        let mut args = vec!["copy", from.as_str(), "gw:reports/rc"];
+        args.extend_from_slice(extra);
+        rclone(&gw, &args)
+    };
+    copy(&["--header-upload", "X-Amz-Meta-Fence-Token: 4.2"])?;
     let listed = rclone(&gw, &["ls", "gw:reports/rc"])?;
     ensure!(
         listed.contains("a.txt") && listed.contains("nested/b.txt"),
         "{listed}"
+    );
+    // rclone's modtime (its X-Amz-Meta-Mtime) is kept: it lists the file's
+    // own time, and a second copy of unchanged files writes nothing.
+    let long = rclone(&gw, &["lsl", "gw:reports/rc/a.txt"])?;
+    ensure!(long.contains("2001-02-03 04:05:06"), "{long}");
+    let before = gw.request("GET", "/objects/reports/rc/a.txt", &[], b"")?;
+    copy(&["--header", "Fence-Token: 4.2"])?;
+    let after = gw.request("GET", "/objects/reports/rc/a.txt", &[], b"")?;
+    ensure!(
+        before.header("etag") == after.header("etag"),
+        "an unchanged file was written again"
     );
     let cat = rclone(&gw, &["cat", "gw:reports/rc/nested/b.txt"])?;
     ensure!(cat == "beta", "{cat}");

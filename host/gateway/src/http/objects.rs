@@ -268,6 +268,7 @@ async fn put(
         content_type,
         op_id: write.request.op_id.clone(),
         etag: None,
+        metadata: None,
     };
     let existed = head.body_version().is_some();
     Ok(publish(gw, write, object, meta, if existed { 200 } else { 201 }).await)
@@ -478,6 +479,7 @@ async fn delete(gw: &Gateway, session: &mut Session, ctx: &mut Ctx, key: &str) -
         content_type: String::new(),
         op_id: write.request.op_id.clone(),
         etag: None,
+        metadata: None,
     };
     let mut reply = publish(gw, write, object, meta, 204).await;
     if reply.status == 200 {

@@ -4,6 +4,7 @@
 //! the token from `Fence-Token` or `x-amz-meta-fence-token`, MD5 ETags,
 //! the scope's version as `x-amz-version-id`, S3 XML errors.
 
+use std::collections::BTreeMap;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -203,6 +204,7 @@ pub(super) struct Copied {
     pub md5: [u8; 16],
     pub source_version: u64,
     pub content_type: Option<String>,
+    pub metadata: Option<String>,
 }
 
 impl Objects {
@@ -278,6 +280,7 @@ impl Objects {
                             md5,
                             source_version: source.version,
                             content_type: source.content_type.clone(),
+                            metadata: source.metadata.clone(),
                         },
                     ));
                 }
@@ -321,6 +324,7 @@ impl Objects {
             content_type: String::new(),
             op_id: write.request.op_id.clone(),
             etag: None,
+            metadata: None,
         };
         answer_publish(&self.core, req, &write, object, meta).await
     }
@@ -1070,8 +1074,46 @@ impl<T> futures_util::Stream for Channel<T> {
 
 fn fence_metadata(current: &Current) -> Metadata {
     let mut m = Metadata::new();
+    // Written by user_metadata (a JSON object of strings); anything else
+    // was not, and is left out rather than guessed at.
+    if let Some(kept) = current
+        .metadata
+        .as_deref()
+        .and_then(|j| serde_json::from_str::<BTreeMap<String, String>>(j).ok())
+    {
+        m.extend(kept);
+    }
     m.insert("fence-token".to_owned(), current.fence.clone());
     m
+}
+
+/// S3's bound on user metadata: keys and values together.
+const MAX_METADATA: usize = 2048;
+
+/// The `x-amz-meta-*` a writer sent, but its token (the token is the
+/// object's own fact, served from its name), as the JSON object kept with
+/// the object; `None` if there are none. Over 2 KiB is `MetadataTooLarge`,
+/// as in S3.
+pub(super) fn user_metadata(metadata: Option<&Metadata>) -> S3Result<Option<String>> {
+    let kept: BTreeMap<&str, &str> = metadata
+        .into_iter()
+        .flatten()
+        .filter(|(k, _)| k.as_str() != "fence-token")
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    if kept.is_empty() {
+        return Ok(None);
+    }
+    let size: usize = kept.iter().map(|(k, v)| k.len() + v.len()).sum();
+    if size > MAX_METADATA {
+        return Err(error(
+            S3ErrorCode::MetadataTooLarge,
+            "user metadata (x-amz-meta-*) is over 2 KiB",
+        ));
+    }
+    serde_json::to_string(&kept)
+        .map(Some)
+        .map_err(|e| error(S3ErrorCode::InternalError, format!("{e}")))
 }
 
 /// The continuation token of a listing: where the next page starts.
@@ -1098,6 +1140,7 @@ impl S3 for Objects {
         let write = write_request(&scope, presented, &req.headers, guarded)?;
         note(&req, |t| t.epoch = Some(write.request.token.epoch));
         let content_type = content_type(input.content_type.clone())?;
+        let metadata = user_metadata(input.metadata.as_ref())?;
         let (outcome, head, write) = decide_early(&self.core, write, guarded)
             .await
             .map_err(|f| failure(&f))?;
@@ -1147,6 +1190,7 @@ impl S3 for Objects {
             content_type,
             op_id: write.request.op_id.clone(),
             etag: Some(etag.clone()),
+            metadata,
         };
         let (version, fence) = answer_publish(&self.core, &req, &write, object, meta).await?;
         let c = received.checksum;
@@ -1341,10 +1385,13 @@ impl S3 for Objects {
         })?;
         let write = write_request(&scope, presented, &req.headers, false)?;
         note(&req, |t| t.epoch = Some(write.request.token.epoch));
-        let new_type = if replace {
-            Some(content_type(input.content_type.clone())?)
+        let (new_type, new_metadata) = if replace {
+            (
+                Some(content_type(input.content_type.clone())?),
+                Some(user_metadata(input.metadata.as_ref())?),
+            )
         } else {
-            None
+            (None, None)
         };
         let (outcome, _head, write) = decide_early(&self.core, write, false)
             .await
@@ -1385,6 +1432,8 @@ impl S3 for Objects {
             }),
             op_id: write.request.op_id.clone(),
             etag: Some(etag.clone()),
+            // COPY keeps the source's metadata, REPLACE takes the request's.
+            metadata: new_metadata.unwrap_or(copied.metadata),
         };
         let (version, fence) = answer_publish(&self.core, &req, &write, object, meta).await?;
         let output = CopyObjectOutput {

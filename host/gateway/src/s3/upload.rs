@@ -16,7 +16,7 @@ use s3s::{S3ErrorCode, S3Request, S3Response, S3Result};
 use super::error;
 use super::ops::{
     Bound, Objects, ReadConditions, answer_publish, declared, early_stop, failure, fence_token,
-    hex, note, receive_staged, storage, write_request,
+    hex, note, receive_staged, storage, user_metadata, write_request,
 };
 use crate::http::objects::{cleanup, decide_early};
 use crate::store::{Kind, Meta, Part, Store, Upload};
@@ -178,6 +178,7 @@ impl Objects {
             content_type: String::new(),
             op_id: None,
             etag: Some(etag.clone()),
+            metadata: None,
         };
         self.add_part(upload, number, object, meta).await?;
         note(&req, |t| t.outcome = Some("part-stored"));
@@ -228,6 +229,7 @@ impl Objects {
             note(&req, |t| t.outcome = Some(outcome));
             return Err(e);
         }
+        let metadata = user_metadata(input.metadata.as_ref())?;
         let content_type = match input.content_type.clone() {
             Some(t) if t.is_empty() || t.len() > 256 => {
                 return Err(error(
@@ -243,6 +245,7 @@ impl Objects {
             content_type,
             op_id: write.request.op_id.clone(),
             etag: None,
+            metadata,
         };
         let (s, fence) = (scope.clone(), write.fence.clone());
         let upload = self
@@ -300,6 +303,7 @@ impl Objects {
             content_type: String::new(),
             op_id: None,
             etag: Some(etag.clone()),
+            metadata: None,
         };
         self.add_part(upload, number, object, meta).await?;
         note(&req, |t| t.outcome = Some("part-stored"));
@@ -408,6 +412,7 @@ impl Objects {
             scope,
             write,
             content_type: begun.content_type.clone(),
+            metadata: begun.metadata.clone(),
             upload,
             chosen,
             etag,
@@ -471,6 +476,7 @@ struct Finish {
     scope: String,
     write: crate::http::objects::Write,
     content_type: Option<String>,
+    metadata: Option<String>,
     upload: ObjectId,
     chosen: Vec<Part>,
     etag: String,
@@ -506,6 +512,7 @@ impl Finish {
                 .unwrap_or_else(|| "application/octet-stream".to_owned()),
             op_id: self.write.request.op_id.clone(),
             etag: Some(self.etag.clone()),
+            metadata: self.metadata,
         };
         let (version, fence) = answer_publish(core, req, &self.write, object, meta).await?;
         // Published: remember the answer (for a retry whose first answer

@@ -65,6 +65,8 @@ pub struct Current {
     pub content_type: Option<String>,
     /// Its S3 ETag (without quotes), if written through the S3 front.
     pub etag: Option<String>,
+    /// Its S3 user metadata (a JSON object), if its writer sent any.
+    pub metadata: Option<String>,
 }
 
 /// A key's state before a write: its version (0: never written; a delete
@@ -101,6 +103,8 @@ pub struct Meta {
     pub op_id: Option<String>,
     /// The S3 ETag (without quotes): MD5 or the multipart form.
     pub etag: Option<String>,
+    /// S3 user metadata, a JSON object (`None`: none sent).
+    pub metadata: Option<String>,
 }
 
 /// An S3 multipart upload in progress.
@@ -114,6 +118,8 @@ pub struct Upload {
     pub content_type: Option<String>,
     /// The Idempotency-Key it began under.
     pub op_id: Option<String>,
+    /// The S3 user metadata the object will have.
+    pub metadata: Option<String>,
 }
 
 /// One part of an upload.
@@ -290,28 +296,37 @@ impl Store {
     /// An upload still kept: its scope, the token text it began under,
     /// and its Content-Type and Idempotency-Key.
     pub fn upload(&self, upload: ObjectId) -> Result<Option<Upload>, Error> {
-        type Row = (String, String, Option<String>, Option<String>);
+        type Row = (
+            String,
+            String,
+            Option<String>,
+            Option<String>,
+            Option<String>,
+        );
         let row: Option<Row> = self.pool.with(|conn, _| match conn {
             Conn::Sqlite(c) => c
                 .prepare_cached(schema::SQLITE_UPLOAD)
                 .and_then(|mut s| {
                     s.query_row([upload.get()], |r| {
-                        Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+                        Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
                     })
                     .optional()
                 })
                 .map_err(sqlite("reading an upload")),
             Conn::Postgres(c) => c
                 .query_opt(schema::POSTGRES_UPLOAD, &[&upload.get()])
-                .map(|row| row.map(|r| (r.get(0), r.get(1), r.get(2), r.get(3))))
+                .map(|row| row.map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4))))
                 .map_err(|e| postgres_error("reading an upload", e)),
         })?;
-        Ok(row.map(|(scope, name, content_type, op_id)| Upload {
-            scope,
-            fence: name.strip_prefix("upload ").unwrap_or("").to_owned(),
-            content_type,
-            op_id,
-        }))
+        Ok(
+            row.map(|(scope, name, content_type, op_id, metadata)| Upload {
+                scope,
+                fence: name.strip_prefix("upload ").unwrap_or("").to_owned(),
+                content_type,
+                op_id,
+                metadata,
+            }),
+        )
     }
 
     /// Stage part `part` of `upload` (of `scope`); its bytes go to the
@@ -851,6 +866,17 @@ fn install_sqlite(c: &mut Connection) -> Result<String, Error> {
         tx.execute_batch(schema::SQLITE_ETAG)
             .map_err(sqlite("adding the etag column"))?;
     }
+    let has_metadata: bool = tx
+        .query_row(
+            "SELECT EXISTS (SELECT 1 FROM pragma_table_info('fencecheck_gateway_objects') WHERE name = 'metadata')",
+            [],
+            |r| r.get(0),
+        )
+        .map_err(sqlite("inspecting the gateway tables"))?;
+    if !has_metadata {
+        tx.execute_batch(schema::SQLITE_METADATA)
+            .map_err(sqlite("adding the metadata column"))?;
+    }
     // A store that already holds objects from before blob prefixes keeps
     // bare ids as blob names ("").
     let id = if legacy { String::new() } else { random_id()? };
@@ -891,6 +917,8 @@ fn install_postgres(c: &mut postgres::Client) -> Result<String, Error> {
         .map_err(pg("creating the gateway tables"))?;
     tx.batch_execute(schema::POSTGRES_ETAG)
         .map_err(pg("adding the etag column"))?;
+    tx.batch_execute(schema::POSTGRES_METADATA)
+        .map_err(pg("adding the metadata column"))?;
     let id = if legacy { String::new() } else { random_id()? };
     tx.execute(
         "INSERT INTO fencecheck_gateway_meta (key, value) VALUES ('store', $1) ON CONFLICT DO NOTHING",
@@ -916,8 +944,8 @@ fn record(conn: &mut Conn, object: ObjectId, meta: &Meta) -> Result<(), Error> {
     match conn {
         Conn::Sqlite(c) => relaxed(c, |c| {
             c.prepare_cached(
-                "INSERT OR REPLACE INTO fencecheck_gateway_objects (object, length, sha256, content_type, op_id, etag)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                "INSERT OR REPLACE INTO fencecheck_gateway_objects (object, length, sha256, content_type, op_id, etag, metadata)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
             )
             .and_then(|mut s| {
                 s.execute(params![
@@ -926,7 +954,8 @@ fn record(conn: &mut Conn, object: ObjectId, meta: &Meta) -> Result<(), Error> {
                     &meta.sha256[..],
                     meta.content_type,
                     meta.op_id,
-                    meta.etag
+                    meta.etag,
+                    meta.metadata
                 ])
             })
             .map(|_| ())
@@ -934,8 +963,8 @@ fn record(conn: &mut Conn, object: ObjectId, meta: &Meta) -> Result<(), Error> {
         }),
         Conn::Postgres(c) => c
             .execute(
-                "INSERT INTO fencecheck_gateway_objects (object, length, sha256, content_type, op_id, etag)
-                 VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (object) DO NOTHING",
+                "INSERT INTO fencecheck_gateway_objects (object, length, sha256, content_type, op_id, etag, metadata)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (object) DO NOTHING",
                 &[
                     &object.get(),
                     &length,
@@ -943,6 +972,7 @@ fn record(conn: &mut Conn, object: ObjectId, meta: &Meta) -> Result<(), Error> {
                     &meta.content_type,
                     &meta.op_id,
                     &meta.etag,
+                    &meta.metadata,
                 ],
             )
             .map(|_| ())
@@ -1001,6 +1031,7 @@ type HeadRow = (
     Option<i64>,
     Option<String>,
     Option<String>,
+    Option<String>,
 );
 
 fn head_sqlite(c: &Connection, scope: &str) -> Result<Option<HeadRow>, Error> {
@@ -1015,6 +1046,7 @@ fn head_sqlite(c: &Connection, scope: &str) -> Result<Option<HeadRow>, Error> {
                     r.get(4)?,
                     r.get(5)?,
                     r.get(6)?,
+                    r.get(7)?,
                 ))
             })
             .optional()
@@ -1037,6 +1069,7 @@ fn head(conn: &mut Conn, scope: &str) -> Result<Head, Error> {
                     r.get(4),
                     r.get(5),
                     r.get(6),
+                    r.get(7),
                 )
             }),
     };
@@ -1044,7 +1077,7 @@ fn head(conn: &mut Conn, scope: &str) -> Result<Head, Error> {
 }
 
 fn head_from(row: Option<HeadRow>) -> Result<Head, Error> {
-    let Some((version, at, object, name, length, content_type, etag)) = row else {
+    let Some((version, at, object, name, length, content_type, etag, metadata)) = row else {
         return Ok(Head::default());
     };
     let version = unsigned("version", version)?;
@@ -1060,6 +1093,7 @@ fn head_from(row: Option<HeadRow>) -> Result<Head, Error> {
                 length: length.map(|n| unsigned("length", n)).transpose()?,
                 content_type,
                 etag,
+                metadata,
             })
         }
         _ => None,
@@ -1103,6 +1137,32 @@ mod tests {
                 );
             }
         }
+        Ok(())
+    }
+
+    /// A store made before the S3 front's columns (`etag`, `metadata`)
+    /// gets them when a gateway opens it, and keeps its rows.
+    #[test]
+    fn older_stores_gain_the_s3_columns() -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        drop(Store::open(dir.path(), fencecheck::Runtime::new()?)?);
+        let conn = rusqlite::Connection::open(dir.path().join("fencecheck.db"))?;
+        conn.execute(
+            "INSERT INTO fencecheck_gateway_objects (object, length, sha256, content_type) VALUES (7, 1, x'00', 'text/plain')",
+            [],
+        )?;
+        for column in ["etag", "metadata"] {
+            conn.execute_batch(&format!(
+                "ALTER TABLE fencecheck_gateway_objects DROP COLUMN {column}"
+            ))?;
+        }
+        drop(Store::open(dir.path(), fencecheck::Runtime::new()?)?);
+        let (etag, metadata, kept): (Option<String>, Option<String>, i64) = conn.query_row(
+            "SELECT etag, metadata, length FROM fencecheck_gateway_objects WHERE object = 7",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )?;
+        assert_eq!((etag, metadata, kept), (None, None, 1));
         Ok(())
     }
 

@@ -5,10 +5,11 @@
 //! - `fencecheck_gateway_meta`: the store id, the prefix of every blob name
 //!   (two gateways sharing one upstream never name a blob alike).
 //! - `fencecheck_gateway_objects`: per staged blob, its length, SHA-256,
-//!   Content-Type, Idempotency-Key and S3 ETag (`etag`: the MD5, or the
+//!   Content-Type, Idempotency-Key, S3 ETag (`etag`: the MD5, or the
 //!   multipart form, of a blob written through the S3 front; NULL for one
 //!   written through `/objects`, added by [`SQLITE_ETAG`] and
-//!   [`POSTGRES_ETAG`] to stores made before it); written after the upload,
+//!   [`POSTGRES_ETAG`] to stores made before it) and S3 user metadata
+//!   (`metadata`, a JSON object; added likewise); written after the upload,
 //!   before the publish, and deleted with its object (trigger).
 //! - `fencecheck_gateway_ops`: per key, the body hash each recent
 //!   Idempotency-Key was applied with, written by a trigger in the publish's
@@ -38,7 +39,8 @@ CREATE TABLE IF NOT EXISTS fencecheck_gateway_objects (
     sha256       BLOB    NOT NULL,
     content_type TEXT    NOT NULL,
     op_id        TEXT,
-    etag         TEXT
+    etag         TEXT,
+    metadata     TEXT
 );
 CREATE TABLE IF NOT EXISTS fencecheck_gateway_ops (
     scope   TEXT    NOT NULL,
@@ -110,7 +112,8 @@ CREATE TABLE IF NOT EXISTS fencecheck_gateway_objects (
     sha256       bytea  NOT NULL,
     content_type text   NOT NULL,
     op_id        text,
-    etag         text
+    etag         text,
+    metadata     text
 );
 CREATE TABLE IF NOT EXISTS fencecheck_gateway_ops (
     scope   text   NOT NULL,
@@ -187,17 +190,24 @@ pub(crate) const SQLITE_ETAG: &str = "ALTER TABLE fencecheck_gateway_objects ADD
 pub(crate) const POSTGRES_ETAG: &str =
     "ALTER TABLE fencecheck_gateway_objects ADD COLUMN IF NOT EXISTS etag text";
 
+/// Stores made before S3 user metadata was kept: the `metadata` column
+/// (a JSON object of the `x-amz-meta-*` a writer sent, but its token).
+pub(crate) const SQLITE_METADATA: &str =
+    "ALTER TABLE fencecheck_gateway_objects ADD COLUMN metadata TEXT";
+pub(crate) const POSTGRES_METADATA: &str =
+    "ALTER TABLE fencecheck_gateway_objects ADD COLUMN IF NOT EXISTS metadata text";
+
 /// The visible state of one key: the scope's version (0: never written),
 /// and its visible object with the gateway's facts about it.
 pub(crate) const SQLITE_HEAD: &str = "
-SELECT s.version, s.published_at_ms, o.id, o.name, g.length, g.content_type, g.etag
+SELECT s.version, s.published_at_ms, o.id, o.name, g.length, g.content_type, g.etag, g.metadata
   FROM fencecheck_scopes s
   LEFT JOIN fencecheck_objects o ON o.id = s.visible_object
   LEFT JOIN fencecheck_gateway_objects g ON g.object = s.visible_object
  WHERE s.scope = ?1";
 
 pub(crate) const POSTGRES_HEAD: &str = "
-SELECT s.version, s.published_at_ms, o.id, o.name, g.length, g.content_type, g.etag
+SELECT s.version, s.published_at_ms, o.id, o.name, g.length, g.content_type, g.etag, g.metadata
   FROM fencecheck_scopes s
   LEFT JOIN fencecheck_objects o ON o.id = s.visible_object
   LEFT JOIN fencecheck_gateway_objects g ON g.object = s.visible_object
@@ -263,13 +273,13 @@ RETURNING o.id";
 
 /// An upload's scope and name (`upload TOKEN`), if it is still kept.
 pub(crate) const SQLITE_UPLOAD: &str = "
-SELECT o.scope, o.name, g.content_type, g.op_id
+SELECT o.scope, o.name, g.content_type, g.op_id, g.metadata
   FROM fencecheck_objects o
   LEFT JOIN fencecheck_gateway_objects g ON g.object = o.id
  WHERE o.id = ?1 AND substr(o.name, 1, 7) = 'upload '";
 
 pub(crate) const POSTGRES_UPLOAD: &str = "
-SELECT o.scope, o.name, g.content_type, g.op_id
+SELECT o.scope, o.name, g.content_type, g.op_id, g.metadata
   FROM fencecheck_objects o
   LEFT JOIN fencecheck_gateway_objects g ON g.object = o.id
  WHERE o.id = $1 AND left(o.name, 7) = 'upload '";

@@ -175,6 +175,20 @@ def objects():
     refused(lambda: c.get_object(Bucket="reports", Key="o/data.bin", Range=f"bytes={len(body)}-"), "InvalidRange", 416)
     head = c.head_object(Bucket="reports", Key="o/data.bin")
     assert head["ContentLength"] == len(body) and head["ETag"] == put["ETag"]
+    # User metadata is kept (2 KiB at most, as in S3); the token is the
+    # writer's, served from the object itself.
+    meta = {"owner": "ops", "mtime": "1700000000.5"}
+    c.put_object(Bucket="reports", Key="m/meta.txt", Body=b"m", Metadata={"fence-token": "3.1", **meta})
+    assert c.head_object(Bucket="reports", Key="m/meta.txt")["Metadata"] == {"fence-token": "3.1", **meta}
+    assert c.get_object(Bucket="reports", Key="m/meta.txt")["Metadata"] == {"fence-token": "3.1", **meta}
+    refused(
+        lambda: c.put_object(
+            Bucket="reports", Key="m/meta.txt", Body=b"n", Metadata={"fence-token": "3.2", "big": "x" * 2100}
+        ),
+        "MetadataTooLarge",
+        400,
+    )
+    assert c.get_object(Bucket="reports", Key="m/meta.txt")["Body"].read() == b"m"
     # Conditional reads as S3 decides them: the ETag condition of a kind
     # wins over the date condition of the same kind.
     get = lambda **kw: c.get_object(Bucket="reports", Key="o/data.bin", **kw)  # noqa: E731
@@ -251,7 +265,9 @@ def copies():
     body = os.urandom(100_000)
     etag = '"%s"' % hashlib.md5(body).hexdigest()
     src, dst, source = "cp/src.bin", "cp/dst.bin", "reports/cp/src.bin"
-    c.put_object(Bucket="reports", Key=src, Body=body, ContentType="text/x-src", Metadata={"fence-token": "4.1"})
+    c.put_object(
+        Bucket="reports", Key=src, Body=body, ContentType="text/x-src", Metadata={"fence-token": "4.1", "origin": "src"}
+    )
     # The source's x-amz-meta-fence-token is its writer's, not a token.
     refused(lambda: c.copy_object(Bucket="reports", Key=dst, CopySource=source), "MissingFenceToken", 428)
     absent(c, dst)
@@ -259,7 +275,8 @@ def copies():
     assert out["CopyObjectResult"]["ETag"] == etag, out
     got = c.get_object(Bucket="reports", Key=dst)
     assert got["Body"].read() == body and got["ContentType"] == "text/x-src", got
-    assert got["Metadata"]["fence-token"] == "4.2" and got["VersionId"] == out["VersionId"], got
+    # COPY: the source's metadata, the copier's token.
+    assert got["Metadata"] == {"fence-token": "4.2", "origin": "src"} and got["VersionId"] == out["VersionId"], got
     # A newer writer of the destination: the older copier is stale.
     c.put_object(Bucket="reports", Key=dst, Body=b"newer", Metadata={"fence-token": "5.1"})
     refused(lambda: client(fence="4.3").copy_object(Bucket="reports", Key=dst, CopySource=source), "StaleFence", 409)
@@ -271,6 +288,7 @@ def copies():
     )
     got = c.get_object(Bucket="reports", Key=dst)
     assert got["Body"].read() == body and got["ContentType"] == "text/x-new", got
+    assert got["Metadata"] == {"fence-token": "5.2"}, got
     # The source's conditions fail with 412 and change nothing.
     fenced = client(fence="5.3")
     for cond in ({"CopySourceIfMatch": '"0000"'}, {"CopySourceIfNoneMatch": etag},
@@ -362,7 +380,7 @@ def multipart():
     parts_data = [os.urandom(5 << 20), os.urandom(1 << 20)]
 
     def upload(token):
-        up = c.create_multipart_upload(Bucket="reports", Key=key, Metadata={"fence-token": token})
+        up = c.create_multipart_upload(Bucket="reports", Key=key, Metadata={"fence-token": token, "kind": "parts"})
         parts = []
         for n, data in enumerate(parts_data, 1):
             r = c.upload_part(Bucket="reports", Key=key, UploadId=up["UploadId"], PartNumber=n, Body=data)
@@ -411,7 +429,7 @@ def multipart():
     assert streamed == (os.environ.get("KEEPALIVE") == "1"), headers
     got = c.get_object(Bucket="reports", Key=key)
     assert got["Body"].read() == b"".join(parts_data)
-    assert got["ETag"] == out["ETag"]
+    assert got["ETag"] == out["ETag"] and got["Metadata"] == {"fence-token": c_token, "kind": "parts"}, got
     # The same Complete again (an SDK retrying after a lost answer): the
     # answer it had, not NoSuchUpload; nothing is published twice.
     again = c.complete_multipart_upload(
