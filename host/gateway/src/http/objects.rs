@@ -473,14 +473,7 @@ async fn delete(gw: &Gateway, session: &mut Session, ctx: &mut Ctx, key: &str) -
         Ok(object) => object,
         Err(f) => return f.reply(),
     };
-    let meta = Meta {
-        length: 0,
-        sha256: [0; 32],
-        content_type: String::new(),
-        op_id: write.request.op_id.clone(),
-        etag: None,
-        metadata: None,
-    };
+    let meta = Meta::tombstone(write.request.op_id.clone());
     let mut reply = publish(gw, write, object, meta, 204).await;
     if reply.status == 200 {
         reply.status = 204;

@@ -51,7 +51,7 @@ use crate::http::{Core, Failure};
 use crate::key::check_decoded;
 use crate::store::{Current, Kind, Meta, Store};
 
-const DEFAULT_TYPE: &str = "application/octet-stream";
+pub(super) const DEFAULT_TYPE: &str = "application/octet-stream";
 const MAX_CONTENT_TYPE: usize = 256;
 /// Largest page of a listing (S3's own bound).
 const LIST_MAX: usize = 1000;
@@ -318,14 +318,7 @@ impl Objects {
             })
             .await
             .map_err(|f| failure(&f))?;
-        let meta = Meta {
-            length: 0,
-            sha256: [0; 32],
-            content_type: String::new(),
-            op_id: write.request.op_id.clone(),
-            etag: None,
-            metadata: None,
-        };
+        let meta = Meta::tombstone(write.request.op_id.clone());
         answer_publish(&self.core, req, &write, object, meta).await
     }
 }
@@ -633,6 +626,20 @@ macro_rules! declared {
 }
 pub(super) use declared;
 
+/// The `x-amz-copy-source-if-*` conditions of a CopyObject or
+/// UploadPartCopy input.
+macro_rules! copy_conditions {
+    ($input:expr) => {
+        $crate::s3::ops::ReadConditions {
+            if_match: $input.copy_source_if_match.as_ref(),
+            if_none_match: $input.copy_source_if_none_match.as_ref(),
+            if_modified_since: $input.copy_source_if_modified_since.as_ref(),
+            if_unmodified_since: $input.copy_source_if_unmodified_since.as_ref(),
+        }
+    };
+}
+pub(super) use copy_conditions;
+
 /// A body taken into a blob: its length and SHA-256, MD5, checksums.
 pub(super) struct Received {
     pub written: Written,
@@ -883,7 +890,7 @@ pub(super) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-fn content_type(value: Option<String>) -> S3Result<String> {
+pub(super) fn content_type(value: Option<String>) -> S3Result<String> {
     match value {
         None => Ok(DEFAULT_TYPE.to_owned()),
         Some(t) if !t.is_empty() && t.len() <= MAX_CONTENT_TYPE => Ok(t),
@@ -945,6 +952,22 @@ fn with_fence<T>(output: T, fence: &str) -> S3Response<T> {
         response.headers.insert("fence-token", v);
     }
     response
+}
+
+/// A copy source's bucket, key and version id (access points are not
+/// served).
+pub(super) fn copy_source(source: &CopySource) -> S3Result<(&str, &str, Option<&str>)> {
+    match source {
+        CopySource::Bucket {
+            bucket,
+            key,
+            version_id,
+        } => Ok((bucket, key, version_id.as_deref())),
+        _ => Err(error(
+            S3ErrorCode::NotImplemented,
+            "the copy source must be bucket/key (access points and outposts are not served)",
+        )),
+    }
 }
 
 /// S3's `x-amz-copy-source-range`: `bytes=first-last`, both given, inside
@@ -1353,17 +1376,7 @@ impl S3 for Objects {
     ) -> S3Result<S3Response<CopyObjectOutput>> {
         let scope = self.writer(&req, "put", &req.input.bucket, &req.input.key)?;
         let input = &req.input;
-        let CopySource::Bucket {
-            bucket: source_bucket,
-            key: source_key,
-            version_id,
-        } = &input.copy_source
-        else {
-            return Err(error(
-                S3ErrorCode::NotImplemented,
-                "the copy source must be bucket/key (access points are not served)",
-            ));
-        };
+        let (source_bucket, source_key, version_id) = copy_source(&input.copy_source)?;
         let replace = input
             .metadata_directive
             .as_ref()
@@ -1405,13 +1418,8 @@ impl S3 for Objects {
             .copy_from(
                 &req,
                 "put",
-                (source_bucket, source_key, version_id.as_deref()),
-                ReadConditions {
-                    if_match: input.copy_source_if_match.as_ref(),
-                    if_none_match: input.copy_source_if_none_match.as_ref(),
-                    if_modified_since: input.copy_source_if_modified_since.as_ref(),
-                    if_unmodified_since: input.copy_source_if_unmodified_since.as_ref(),
-                },
+                (source_bucket, source_key, version_id),
+                copy_conditions!(input),
                 None,
                 Bound {
                     bytes: self.core.config.max_upload,

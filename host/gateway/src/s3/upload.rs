@@ -7,7 +7,7 @@
 use md5::{Digest, Md5};
 use s3s::dto::{
     AbortMultipartUploadInput, AbortMultipartUploadOutput, CompleteMultipartUploadInput,
-    CompleteMultipartUploadOutput, CopyPartResult, CopySource, CreateMultipartUploadInput,
+    CompleteMultipartUploadOutput, CopyPartResult, CreateMultipartUploadInput,
     CreateMultipartUploadOutput, ETag, Timestamp, UploadPartCopyInput, UploadPartCopyOutput,
     UploadPartInput, UploadPartOutput,
 };
@@ -15,8 +15,9 @@ use s3s::{S3ErrorCode, S3Request, S3Response, S3Result};
 
 use super::error;
 use super::ops::{
-    Bound, Objects, ReadConditions, answer_publish, declared, early_stop, failure, fence_token,
-    hex, note, receive_staged, storage, user_metadata, write_request,
+    Bound, Objects, answer_publish, content_type, copy_conditions, copy_source, declared,
+    early_stop, failure, fence_token, hex, note, receive_staged, storage, user_metadata,
+    write_request,
 };
 use crate::http::objects::{cleanup, decide_early};
 use crate::store::{Kind, Meta, Part, Store, Upload};
@@ -135,51 +136,23 @@ impl Objects {
     ) -> S3Result<S3Response<UploadPartCopyOutput>> {
         let scope = self.writer(&req, "put-part", &req.input.bucket, &req.input.key)?;
         let input = &req.input;
-        let number = input.part_number;
-        if !(1..=MAX_PART_NUMBER).contains(&number) {
-            return Err(error(
-                S3ErrorCode::InvalidArgument,
-                "part numbers are 1 to 10000",
-            ));
-        }
-        let CopySource::Bucket {
-            bucket: source_bucket,
-            key: source_key,
-            version_id,
-        } = &input.copy_source
-        else {
-            return Err(error(
-                S3ErrorCode::NotImplemented,
-                "the copy source must be bucket/key (access points are not served)",
-            ));
-        };
+        let number = part_number(input.part_number)?;
+        let (source_bucket, source_key, version_id) = copy_source(&input.copy_source)?;
         let (upload, _) = self.upload_of(&input.upload_id, &scope).await?;
         let bound = self.part_bound(upload, number).await?;
         let (object, copied) = self
             .copy_from(
                 &req,
                 "put-part",
-                (source_bucket, source_key, version_id.as_deref()),
-                ReadConditions {
-                    if_match: input.copy_source_if_match.as_ref(),
-                    if_none_match: input.copy_source_if_none_match.as_ref(),
-                    if_modified_since: input.copy_source_if_modified_since.as_ref(),
-                    if_unmodified_since: input.copy_source_if_unmodified_since.as_ref(),
-                },
+                (source_bucket, source_key, version_id),
+                copy_conditions!(input),
                 input.copy_source_range.as_deref(),
                 bound,
                 move |store: &Store| store.stage_part(&scope, upload),
             )
             .await?;
         let etag = hex(&copied.md5);
-        let meta = Meta {
-            length: copied.written.length,
-            sha256: copied.written.sha256,
-            content_type: String::new(),
-            op_id: None,
-            etag: Some(etag.clone()),
-            metadata: None,
-        };
+        let meta = Meta::part(copied.written.length, copied.written.sha256, etag.clone());
         self.add_part(upload, number, object, meta).await?;
         note(&req, |t| t.outcome = Some("part-stored"));
         Ok(S3Response::new(UploadPartCopyOutput {
@@ -230,15 +203,7 @@ impl Objects {
             return Err(e);
         }
         let metadata = user_metadata(input.metadata.as_ref())?;
-        let content_type = match input.content_type.clone() {
-            Some(t) if t.is_empty() || t.len() > 256 => {
-                return Err(error(
-                    S3ErrorCode::InvalidArgument,
-                    "Content-Type must be 1 to 256 bytes",
-                ));
-            }
-            t => t.unwrap_or_else(|| "application/octet-stream".to_owned()),
-        };
+        let content_type = content_type(input.content_type.clone())?;
         let meta = Meta {
             length: 0,
             sha256: [0; 32],
@@ -268,13 +233,7 @@ impl Objects {
     ) -> S3Result<S3Response<UploadPartOutput>> {
         let scope = self.writer(&req, "put-part", &req.input.bucket, &req.input.key)?;
         let input = &req.input;
-        let number = input.part_number;
-        if !(1..=MAX_PART_NUMBER).contains(&number) {
-            return Err(error(
-                S3ErrorCode::InvalidArgument,
-                "part numbers are 1 to 10000",
-            ));
-        }
+        let number = part_number(input.part_number)?;
         let (upload, _) = self.upload_of(&input.upload_id, &scope).await?;
         let bound = self.part_bound(upload, number).await?;
         let s = scope.clone();
@@ -297,14 +256,11 @@ impl Objects {
         )
         .await?;
         let etag = hex(&received.md5);
-        let meta = Meta {
-            length: received.written.length,
-            sha256: received.written.sha256,
-            content_type: String::new(),
-            op_id: None,
-            etag: Some(etag.clone()),
-            metadata: None,
-        };
+        let meta = Meta::part(
+            received.written.length,
+            received.written.sha256,
+            etag.clone(),
+        );
         self.add_part(upload, number, object, meta).await?;
         note(&req, |t| t.outcome = Some("part-stored"));
         let c = received.checksum;
@@ -468,6 +424,18 @@ impl Objects {
     }
 }
 
+/// A part number S3 allows.
+fn part_number(number: i32) -> S3Result<i32> {
+    if (1..=MAX_PART_NUMBER).contains(&number) {
+        Ok(number)
+    } else {
+        Err(error(
+            S3ErrorCode::InvalidArgument,
+            "part numbers are 1 to 10000",
+        ))
+    }
+}
+
 /// The rest of a Complete, once everything that can be checked before
 /// the copy has been: concatenate the parts, publish fenced, drop the
 /// upload.
@@ -509,7 +477,7 @@ impl Finish {
             sha256: written.sha256,
             content_type: self
                 .content_type
-                .unwrap_or_else(|| "application/octet-stream".to_owned()),
+                .unwrap_or_else(|| super::ops::DEFAULT_TYPE.to_owned()),
             op_id: self.write.request.op_id.clone(),
             etag: Some(self.etag.clone()),
             metadata: self.metadata,

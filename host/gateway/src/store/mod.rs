@@ -107,6 +107,33 @@ pub struct Meta {
     pub metadata: Option<String>,
 }
 
+impl Meta {
+    /// A tombstone's facts: no bytes, type or metadata.
+    pub fn tombstone(op_id: Option<String>) -> Self {
+        Self {
+            length: 0,
+            sha256: [0; 32],
+            content_type: String::new(),
+            op_id,
+            etag: None,
+            metadata: None,
+        }
+    }
+
+    /// A multipart part's facts: its bytes and MD5 only (the object it
+    /// becomes part of carries the type, the op-id and the metadata).
+    pub fn part(length: u64, sha256: [u8; 32], etag: String) -> Self {
+        Self {
+            length,
+            sha256,
+            content_type: String::new(),
+            op_id: None,
+            etag: Some(etag),
+            metadata: None,
+        }
+    }
+}
+
 /// An S3 multipart upload in progress.
 #[derive(Clone, Debug)]
 pub struct Upload {
@@ -855,27 +882,23 @@ fn install_sqlite(c: &mut Connection) -> Result<String, Error> {
         .map_err(sqlite("inspecting the database"))?;
     tx.execute_batch(schema::SQLITE)
         .map_err(sqlite("creating the gateway tables"))?;
-    let has_etag: bool = tx
-        .query_row(
-            "SELECT EXISTS (SELECT 1 FROM pragma_table_info('fencecheck_gateway_objects') WHERE name = 'etag')",
-            [],
-            |r| r.get(0),
-        )
-        .map_err(sqlite("inspecting the gateway tables"))?;
-    if !has_etag {
-        tx.execute_batch(schema::SQLITE_ETAG)
-            .map_err(sqlite("adding the etag column"))?;
-    }
-    let has_metadata: bool = tx
-        .query_row(
-            "SELECT EXISTS (SELECT 1 FROM pragma_table_info('fencecheck_gateway_objects') WHERE name = 'metadata')",
-            [],
-            |r| r.get(0),
-        )
-        .map_err(sqlite("inspecting the gateway tables"))?;
-    if !has_metadata {
-        tx.execute_batch(schema::SQLITE_METADATA)
-            .map_err(sqlite("adding the metadata column"))?;
+    // Columns added since the table was first made (SQLite has no
+    // ADD COLUMN IF NOT EXISTS: run each only where it is missing).
+    for (column, alter) in [
+        ("etag", schema::SQLITE_ETAG),
+        ("metadata", schema::SQLITE_METADATA),
+    ] {
+        let has: bool = tx
+            .query_row(
+                "SELECT EXISTS (SELECT 1 FROM pragma_table_info('fencecheck_gateway_objects') WHERE name = ?1)",
+                [column],
+                |r| r.get(0),
+            )
+            .map_err(sqlite("inspecting the gateway tables"))?;
+        if !has {
+            tx.execute_batch(alter)
+                .map_err(sqlite("adding a gateway column"))?;
+        }
     }
     // A store that already holds objects from before blob prefixes keeps
     // bare ids as blob names ("").
