@@ -67,4 +67,4 @@ pub use locks::{LeaseEvent, LockPolicy, LockReply, MAX_LOCK_BODY, handle as hand
 pub use metrics::Metrics;
 pub use pgtls::PgConnect;
 pub use reload::{Reloader, VECTORS, vetted};
-pub use store::{Current, Head, Kind, Listed, Meta, Part, Store, Upload};
+pub use store::{Current, Head, Kind, Listed, Meta, Part, PendingUpload, Store, Upload};

@@ -260,6 +260,7 @@ fn main() -> anyhow::Result<()> {
             Blobs::dir(dir, store.id())
         }
     });
+    let retention = Duration::from_secs(args.retention);
     let config = Config {
         max_body: args.max_body,
         max_upload: args.max_upload,
@@ -274,6 +275,7 @@ fn main() -> anyhow::Result<()> {
         max_in_flight: args.max_in_flight.max(1),
         queue_wait: Duration::from_millis(args.queue_timeout_ms),
         max_ttl: Duration::from_secs(args.max_ttl),
+        retention,
     };
     let limits = Limits {
         max_connections: args.max_connections.max(1),
@@ -323,7 +325,7 @@ fn main() -> anyhow::Result<()> {
     let collector = Collector::new(
         store,
         blobs,
-        Duration::from_secs(args.retention),
+        retention,
         Duration::from_secs(args.gc_interval.max(1)),
     );
     server.add_service(pingora::services::background::background_service(

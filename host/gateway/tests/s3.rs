@@ -370,8 +370,8 @@ fn multipart_is_bounded_by_max_upload() -> anyhow::Result<()> {
 
 /// The S3 front over `--postgres` (pointers, marks, ETags and the parts
 /// table in PostgreSQL): reads and conditional writes, a multipart upload
-/// fenced at Complete, and the `--max-upload` bound with a part retried,
-/// as on SQLite.
+/// fenced at Complete, the `--max-upload` bound with a part retried, and
+/// the listings of parts and uploads in progress, as on SQLite.
 #[test]
 fn s3_front_on_postgres() -> anyhow::Result<()> {
     let server = PgServer::start()?;
@@ -412,6 +412,7 @@ fn s3_front_on_postgres() -> anyhow::Result<()> {
     );
     let r = gw.request("GET", "/objects/reports/bounded/big.bin", &[], b"")?;
     ensure!(r.status == 200 && r.body.len() == 12 << 20, "{}", r.status);
+    boto3(&gw, "upload_listings", &[])?;
     Ok(())
 }
 
@@ -687,6 +688,42 @@ fn rclone_copy_with_the_header() -> anyhow::Result<()> {
     );
     let r = gw.request("GET", "/objects/reports/rc/a.txt", &[], b"")?;
     ensure!(r.status == 200 && r.body == b"alpha", "{r:?}");
+    Ok(())
+}
+
+/// ListParts and ListMultipartUploads through boto3 (pages, markers,
+/// prefixes, delimiters, rights; uploads leave the list when completed or
+/// aborted), and rclone's `backend list-multipart-uploads` and `backend
+/// cleanup`, which list the uploads left and abort them.
+#[test]
+fn uploads_in_progress_are_listed() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let gw = start(dir.path())?;
+    boto3(&gw, "upload_listings", &[])?;
+    let listed = rclone(&gw, &["backend", "list-multipart-uploads", "gw:reports"])?;
+    ensure!(
+        listed.contains("pending/c.bin")
+            && listed.contains("pending/dir/b.bin")
+            && listed.contains("zzz/outside.bin"),
+        "{listed}"
+    );
+    rclone(
+        &gw,
+        &[
+            "backend",
+            "cleanup",
+            "gw:reports/pending",
+            "-o",
+            "max-age=0s",
+        ],
+    )?;
+    boto3(&gw, "no_uploads_left", &[("PREFIX", "pending/")])?;
+    // Outside the path rclone was given: kept.
+    let listed = rclone(&gw, &["backend", "list-multipart-uploads", "gw:reports"])?;
+    ensure!(
+        listed.contains("zzz/outside.bin") && !listed.contains("pending/"),
+        "{listed}"
+    );
     Ok(())
 }
 

@@ -23,6 +23,7 @@ use s3s::checksum::ChecksumHasher;
 use s3s::dto::{
     AbortMultipartUploadInput, AbortMultipartUploadOutput, CompleteMultipartUploadInput,
     CompleteMultipartUploadOutput, CreateMultipartUploadInput, CreateMultipartUploadOutput,
+    ListMultipartUploadsInput, ListMultipartUploadsOutput, ListPartsInput, ListPartsOutput,
     UploadPartInput, UploadPartOutput,
 };
 use s3s::dto::{
@@ -54,7 +55,7 @@ use crate::store::{Current, Kind, Meta, Store};
 pub(super) const DEFAULT_TYPE: &str = "application/octet-stream";
 const MAX_CONTENT_TYPE: usize = 256;
 /// Largest page of a listing (S3's own bound).
-const LIST_MAX: usize = 1000;
+pub(super) const LIST_MAX: usize = 1000;
 
 /// The S3 operations of one gateway.
 #[derive(Clone)]
@@ -1140,6 +1141,70 @@ pub(super) fn user_metadata(metadata: Option<&Metadata>) -> S3Result<Option<Stri
 }
 
 /// The continuation token of a listing: where the next page starts.
+/// A listing's request, checked: a served bucket, a prefix that fits in
+/// a key, the signer's `right` on every key under it.
+pub(super) struct Listing {
+    /// `bucket/`: every scope of the bucket starts with it.
+    pub base: String,
+    /// The request's prefix (within the bucket).
+    pub prefix: String,
+    /// `base` + `prefix`: the scopes listed start with it.
+    pub full_prefix: String,
+    /// Entries per page (`max-keys`, `max-uploads`; at most 1,000).
+    pub max: usize,
+    /// The delimiter, if not empty.
+    pub delimiter: Option<String>,
+}
+
+impl Objects {
+    pub(super) fn listing<T>(
+        &self,
+        req: &S3Request<T>,
+        right: Right,
+        bucket: &str,
+        prefix: Option<&str>,
+        max: Option<i32>,
+        delimiter: Option<&str>,
+    ) -> S3Result<Listing> {
+        note(req, |t| t.op = Some("list"));
+        let principal = self.principal(req)?;
+        self.bucket(bucket)?;
+        let prefix = prefix.unwrap_or_default().to_owned();
+        let base = format!("{bucket}/");
+        let full_prefix = format!("{base}{prefix}");
+        if full_prefix.len() > MAX_SCOPE_BYTES {
+            return Err(error(
+                S3ErrorCode::InvalidArgument,
+                "prefix is over 1024 bytes",
+            ));
+        }
+        Self::authorize(&principal, right, &full_prefix)?;
+        Ok(Listing {
+            base,
+            prefix,
+            full_prefix,
+            max: usize::try_from(max.unwrap_or(1000).max(0))
+                .unwrap_or(0)
+                .min(LIST_MAX),
+            delimiter: delimiter.filter(|d| !d.is_empty()).map(str::to_owned),
+        })
+    }
+}
+
+/// The common prefix `key` rolls up into: up to and including the first
+/// `delimiter` after the listing's prefix (`prefix_len` bytes), if any.
+pub(super) fn common_prefix(
+    key: &str,
+    prefix_len: usize,
+    delimiter: Option<&str>,
+) -> Option<String> {
+    let d = delimiter?;
+    let rest = key.get(prefix_len..)?;
+    rest.find(d)
+        .and_then(|i| key.get(..prefix_len + i + d.len()))
+        .map(str::to_owned)
+}
+
 fn continuation(after: &str) -> String {
     base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(after.as_bytes())
 }
@@ -1568,24 +1633,21 @@ impl S3 for Objects {
         &self,
         req: S3Request<ListObjectsV2Input>,
     ) -> S3Result<S3Response<ListObjectsV2Output>> {
-        note(&req, |t| t.op = Some("list"));
-        let principal = self.principal(&req)?;
         let input = &req.input;
-        self.bucket(&input.bucket)?;
-        let prefix = input.prefix.clone().unwrap_or_default();
-        let base = format!("{}/", input.bucket);
-        let full_prefix = format!("{base}{prefix}");
-        if full_prefix.len() > MAX_SCOPE_BYTES {
-            return Err(error(
-                S3ErrorCode::InvalidArgument,
-                "prefix is over 1024 bytes",
-            ));
-        }
-        Self::authorize(&principal, Right::Read, &full_prefix)?;
-        let max_keys = usize::try_from(input.max_keys.unwrap_or(1000).max(0))
-            .unwrap_or(0)
-            .min(LIST_MAX);
-        let delimiter = input.delimiter.clone().filter(|d| !d.is_empty());
+        let Listing {
+            base,
+            prefix,
+            full_prefix,
+            max: max_keys,
+            delimiter,
+        } = self.listing(
+            &req,
+            Right::Read,
+            &input.bucket,
+            input.prefix.as_deref(),
+            input.max_keys,
+            input.delimiter.as_deref(),
+        )?;
         // Where to start: the continuation token (a scope, base64), else
         // start-after, else the prefix.
         let mut after = match (&input.continuation_token, &input.start_after) {
@@ -1623,11 +1685,7 @@ impl S3 for Objects {
             let full = rows.len() == LIST_MAX;
             for row in rows {
                 let key = row.key.get(base.len()..).unwrap_or_default().to_owned();
-                let rest = key.get(prefix.len()..).unwrap_or_default();
-                let common = delimiter.as_deref().and_then(|d| {
-                    rest.find(d)
-                        .map(|i| key[..prefix.len() + i + d.len()].to_owned())
-                });
+                let common = common_prefix(&key, prefix.len(), delimiter.as_deref());
                 if contents.len() + prefixes.len() == max_keys {
                     truncated = true;
                     break 'pages;
@@ -1766,6 +1824,20 @@ impl S3 for Objects {
         req: S3Request<AbortMultipartUploadInput>,
     ) -> S3Result<S3Response<AbortMultipartUploadOutput>> {
         self.abort_upload(req).await
+    }
+
+    async fn list_parts(
+        &self,
+        req: S3Request<ListPartsInput>,
+    ) -> S3Result<S3Response<ListPartsOutput>> {
+        Objects::list_parts(self, req).await
+    }
+
+    async fn list_multipart_uploads(
+        &self,
+        req: S3Request<ListMultipartUploadsInput>,
+    ) -> S3Result<S3Response<ListMultipartUploadsOutput>> {
+        self.list_uploads(req).await
     }
 
     async fn head_bucket(

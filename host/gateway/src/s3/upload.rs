@@ -6,19 +6,21 @@
 
 use md5::{Digest, Md5};
 use s3s::dto::{
-    AbortMultipartUploadInput, AbortMultipartUploadOutput, CompleteMultipartUploadInput,
-    CompleteMultipartUploadOutput, CopyPartResult, CreateMultipartUploadInput,
-    CreateMultipartUploadOutput, ETag, Timestamp, UploadPartCopyInput, UploadPartCopyOutput,
-    UploadPartInput, UploadPartOutput,
+    self, AbortMultipartUploadInput, AbortMultipartUploadOutput, CommonPrefix,
+    CompleteMultipartUploadInput, CompleteMultipartUploadOutput, CopyPartResult,
+    CreateMultipartUploadInput, CreateMultipartUploadOutput, ETag, ListMultipartUploadsInput,
+    ListMultipartUploadsOutput, ListPartsInput, ListPartsOutput, MultipartUpload, StorageClass,
+    Timestamp, UploadPartCopyInput, UploadPartCopyOutput, UploadPartInput, UploadPartOutput,
 };
 use s3s::{S3ErrorCode, S3Request, S3Response, S3Result};
 
 use super::error;
 use super::ops::{
-    Bound, Objects, answer_publish, content_type, copy_conditions, copy_source, declared,
-    early_stop, failure, fence_token, hex, note, receive_staged, storage, user_metadata,
-    write_request,
+    Bound, LIST_MAX, Listing, Objects, answer_publish, common_prefix, content_type,
+    copy_conditions, copy_source, declared, early_stop, failure, fence_token, hex, note,
+    receive_staged, storage, user_metadata, write_request,
 };
+use crate::auth::Right;
 use crate::http::objects::{cleanup, decide_early};
 use crate::store::{Kind, Meta, Part, Store, Upload};
 use fencecheck_sqlite::ObjectId;
@@ -421,6 +423,184 @@ impl Objects {
         self.drop_upload(upload).await;
         note(&req, |t| t.outcome = Some("upload-aborted"));
         Ok(S3Response::new(AbortMultipartUploadOutput::default()))
+    }
+}
+
+impl Objects {
+    /// ListParts: the parts stored so far (the last upload of each part
+    /// number), a page of at most `max-parts` after `part-number-marker`.
+    /// An upload in progress is its writer's business: this takes the
+    /// write right on the key, as the upload's other calls do.
+    pub(super) async fn list_parts(
+        &self,
+        req: S3Request<ListPartsInput>,
+    ) -> S3Result<S3Response<ListPartsOutput>> {
+        let scope = self.writer(&req, "list", &req.input.bucket, &req.input.key)?;
+        let input = &req.input;
+        let (upload, _) = self.upload_of(&input.upload_id, &scope).await?;
+        let max = usize::try_from(input.max_parts.unwrap_or(1000).max(0))
+            .unwrap_or(0)
+            .min(LIST_MAX);
+        let marker = input.part_number_marker.unwrap_or(0);
+        let stored = self
+            .core
+            .work(true, move |s| s.parts(upload))
+            .await
+            .map_err(|f| failure(&f))?;
+        let after: Vec<&Part> = stored.iter().filter(|p| p.number > marker).collect();
+        let page = &after[..after.len().min(max)];
+        note(&req, |t| t.outcome = Some("ok"));
+        Ok(S3Response::new(ListPartsOutput {
+            bucket: Some(input.bucket.clone()),
+            key: Some(input.key.clone()),
+            upload_id: Some(input.upload_id.clone()),
+            max_parts: Some(i32::try_from(max).unwrap_or(1000)),
+            part_number_marker: input.part_number_marker,
+            next_part_number_marker: Some(page.last().map_or(marker, |p| p.number)),
+            is_truncated: Some(after.len() > page.len()),
+            storage_class: Some(StorageClass::from_static(StorageClass::STANDARD)),
+            parts: Some(
+                page.iter()
+                    .map(|p| dto::Part {
+                        part_number: Some(p.number),
+                        e_tag: Some(ETag::Strong(p.etag.clone())),
+                        size: i64::try_from(p.length).ok(),
+                        last_modified: Some(Timestamp::from(p.staged_at)),
+                        ..Default::default()
+                    })
+                    .collect(),
+            ),
+            ..Default::default()
+        }))
+    }
+
+    /// ListMultipartUploads: the uploads in progress begun within
+    /// `--retention` (older ones are the collector's), by key and then by
+    /// start, with S3's prefix, delimiter, key and UploadId markers. Write
+    /// right on the whole prefix: a reader sees only published objects.
+    pub(super) async fn list_uploads(
+        &self,
+        req: S3Request<ListMultipartUploadsInput>,
+    ) -> S3Result<S3Response<ListMultipartUploadsOutput>> {
+        let input = &req.input;
+        let Listing {
+            base,
+            prefix,
+            full_prefix,
+            max,
+            delimiter,
+        } = self.listing(
+            &req,
+            Right::Write,
+            &input.bucket,
+            input.prefix.as_deref(),
+            input.max_uploads,
+            input.delimiter.as_deref(),
+        )?;
+        // Where to start: after the UploadId marker's upload of the key
+        // marker, else after every upload of the key marker (and of every
+        // key under it when it is a common prefix); S3 ignores an UploadId
+        // marker without a key marker.
+        let mut after: Option<(String, i64)> = match input.key_marker.as_deref() {
+            None | Some("") => None,
+            Some(key) => {
+                let rolled_up = delimiter.as_deref().is_some_and(|d| key.ends_with(d));
+                let id = match input.upload_id_marker.as_deref() {
+                    Some(id) if !id.is_empty() && !rolled_up => {
+                        id.parse::<i64>().ok().filter(|n| *n > 0).ok_or_else(|| {
+                            error(
+                                S3ErrorCode::InvalidArgument,
+                                "the upload-id-marker is not an UploadId",
+                            )
+                        })?
+                    }
+                    _ => i64::MAX,
+                };
+                Some(if rolled_up {
+                    (format!("{base}{key}\u{10FFFF}"), i64::MAX)
+                } else {
+                    (format!("{base}{key}"), id)
+                })
+            }
+        };
+        let since = self.core.config.retention;
+        let mut uploads: Vec<MultipartUpload> = Vec::new();
+        let mut prefixes: Vec<CommonPrefix> = Vec::new();
+        // The page's last entry: the next page's markers.
+        let mut last: Option<(String, Option<String>)> = None;
+        let mut truncated = false;
+        'pages: loop {
+            if max == 0 {
+                break;
+            }
+            let (p, a) = (full_prefix.clone(), after.clone());
+            let rows = self
+                .core
+                .work(true, move |s| {
+                    s.uploads(
+                        &p,
+                        a.as_ref().map(|(k, i)| (k.as_str(), *i)),
+                        since,
+                        LIST_MAX,
+                    )
+                })
+                .await
+                .map_err(|f| failure(&f))?;
+            let full = rows.len() == LIST_MAX;
+            for row in rows {
+                if uploads.len() + prefixes.len() == max {
+                    truncated = true;
+                    break 'pages;
+                }
+                let key = row.scope.get(base.len()..).unwrap_or_default().to_owned();
+                match common_prefix(&key, prefix.len(), delimiter.as_deref()) {
+                    Some(cp) => {
+                        // Every upload under the common prefix sorts
+                        // before this: skip them all with one new query.
+                        after = Some((format!("{base}{cp}\u{10FFFF}"), i64::MAX));
+                        prefixes.push(CommonPrefix {
+                            prefix: Some(cp.clone()),
+                        });
+                        last = Some((cp, None));
+                        continue 'pages;
+                    }
+                    None => {
+                        after = Some((row.scope.clone(), row.id.get()));
+                        let id = row.id.get().to_string();
+                        uploads.push(MultipartUpload {
+                            key: Some(key.clone()),
+                            upload_id: Some(id.clone()),
+                            initiated: Some(Timestamp::from(row.initiated)),
+                            storage_class: Some(StorageClass::from_static(StorageClass::STANDARD)),
+                            ..Default::default()
+                        });
+                        last = Some((key, Some(id)));
+                    }
+                }
+            }
+            if !full {
+                break;
+            }
+        }
+        note(&req, |t| t.outcome = Some("ok"));
+        let (next_key_marker, next_upload_id_marker) = match last.filter(|_| truncated) {
+            Some((key, id)) => (Some(key), id),
+            None => (None, None),
+        };
+        Ok(S3Response::new(ListMultipartUploadsOutput {
+            bucket: Some(input.bucket.clone()),
+            prefix: Some(prefix),
+            delimiter,
+            key_marker: input.key_marker.clone(),
+            upload_id_marker: input.upload_id_marker.clone(),
+            max_uploads: Some(i32::try_from(max).unwrap_or(1000)),
+            is_truncated: Some(truncated),
+            next_key_marker,
+            next_upload_id_marker,
+            uploads: Some(uploads),
+            common_prefixes: (!prefixes.is_empty()).then_some(prefixes),
+            ..Default::default()
+        }))
     }
 }
 

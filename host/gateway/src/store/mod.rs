@@ -160,6 +160,19 @@ pub struct Part {
     pub length: u64,
     /// Its MD5, hex.
     pub etag: String,
+    /// When it was stored (ListParts' LastModified).
+    pub staged_at: SystemTime,
+}
+
+/// One multipart upload in progress (ListMultipartUploads).
+#[derive(Clone, Debug)]
+pub struct PendingUpload {
+    /// Its UploadId.
+    pub id: ObjectId,
+    /// The fenced key it will publish.
+    pub scope: String,
+    /// When it began.
+    pub initiated: SystemTime,
 }
 
 /// One entry of a listing.
@@ -425,13 +438,13 @@ impl Store {
 
     /// The parts of `upload`, by part number (the latest object of each).
     pub fn parts(&self, upload: ObjectId) -> Result<Vec<Part>, Error> {
-        type Row = (i32, i64, i64, Option<String>);
+        type Row = (i32, i64, i64, Option<String>, Option<i64>);
         let rows: Vec<Row> = self.pool.with(|conn, _| match conn {
             Conn::Sqlite(c) => c
                 .prepare_cached(schema::SQLITE_PARTS)
                 .and_then(|mut s| {
                     s.query_map([upload.get()], |r| {
-                        Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+                        Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
                     })?
                     .collect()
                 })
@@ -440,18 +453,19 @@ impl Store {
                 .query(schema::POSTGRES_PARTS, &[&upload.get()])
                 .map(|rows| {
                     rows.iter()
-                        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+                        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4)))
                         .collect()
                 })
                 .map_err(|e| postgres_error("reading the parts of an upload", e)),
         })?;
         let mut parts: Vec<Part> = Vec::new();
-        for (number, object, length, etag) in rows {
+        for (number, object, length, etag, staged_at) in rows {
             let part = Part {
                 number,
                 object: ObjectId::from_raw(object),
                 length: unsigned("length", length)?,
                 etag: etag.unwrap_or_default(),
+                staged_at: millis_time(staged_at),
             };
             match parts.last_mut() {
                 Some(last) if last.number == number => *last = part,
@@ -459,6 +473,57 @@ impl Store {
             }
         }
         Ok(parts)
+    }
+
+    /// Uploads in progress begun within `since`, in (key, UploadId) order:
+    /// at most `limit` whose keys start with `prefix`, after `after` (a
+    /// key and an UploadId; the UploadId 0 takes every upload of that key).
+    pub fn uploads(
+        &self,
+        prefix: &str,
+        after: Option<(&str, i64)>,
+        since: Duration,
+        limit: usize,
+    ) -> Result<Vec<PendingUpload>, Error> {
+        let cutoff = SystemTime::now()
+            .checked_sub(since)
+            .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+        let upper = upper_bound(prefix);
+        // Nothing sorts below the empty key: "after ('', 0)" is everything.
+        let (after_key, after_id) = after.unwrap_or(("", 0));
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows: Vec<(i64, String, i64)> = self.pool.with(|conn, _| match conn {
+            Conn::Sqlite(c) => c
+                .prepare_cached(schema::SQLITE_UPLOADS)
+                .and_then(|mut s| {
+                    s.query_map(
+                        params![cutoff, prefix, upper, after_key, after_id, limit],
+                        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+                    )?
+                    .collect()
+                })
+                .map_err(sqlite("listing uploads")),
+            Conn::Postgres(c) => c
+                .query(
+                    schema::POSTGRES_UPLOADS,
+                    &[&cutoff, &prefix, &upper, &after_key, &after_id, &limit],
+                )
+                .map(|rows| {
+                    rows.iter()
+                        .map(|r| (r.get(0), r.get(1), r.get(2)))
+                        .collect()
+                })
+                .map_err(|e| postgres_error("listing uploads", e)),
+        })?;
+        Ok(rows
+            .into_iter()
+            .map(|(id, scope, at)| PendingUpload {
+                id: ObjectId::from_raw(id),
+                scope,
+                initiated: millis_time(Some(at)),
+            })
+            .collect())
     }
 
     /// Remember that `upload` of `scope` was published as `version` with

@@ -287,15 +287,43 @@ SELECT o.scope, o.name, g.content_type, g.op_id, g.metadata
 /// An upload's parts whose objects are still kept, by part number and
 /// then staging order (the last upload of a part number wins).
 pub(crate) const SQLITE_PARTS: &str = "
-SELECT p.part, p.object, g.length, g.etag
+SELECT p.part, p.object, g.length, g.etag, o.staged_at_ms
   FROM fencecheck_gateway_parts p
   JOIN fencecheck_gateway_objects g ON g.object = p.object
+  JOIN fencecheck_objects o ON o.id = p.object
  WHERE p.upload = ?1
  ORDER BY p.part, p.object";
 
 pub(crate) const POSTGRES_PARTS: &str = "
-SELECT p.part, p.object, g.length, g.etag
+SELECT p.part, p.object, g.length, g.etag, o.staged_at_ms
   FROM fencecheck_gateway_parts p
   JOIN fencecheck_gateway_objects g ON g.object = p.object
+  JOIN fencecheck_objects o ON o.id = p.object
  WHERE p.upload = $1
  ORDER BY p.part, p.object";
+
+/// The uploads of the S3 front begun since `?1` (ms) whose keys start
+/// with `?2` (and sort below `?3`, if given), after the upload `?5` of key
+/// `?4` in (key, UploadId) order: ListMultipartUploads' pages. The staging
+/// time bounds the scan through `fencecheck_objects_staged` (an upload
+/// older than `--retention` is the collector's), not every object kept.
+pub(crate) const SQLITE_UPLOADS: &str = "
+SELECT o.id, o.scope, o.staged_at_ms
+  FROM fencecheck_objects o
+ WHERE o.staged_at_ms > ?1
+   AND substr(o.name, 1, 7) = 'upload '
+   AND o.scope >= ?2 AND (?3 IS NULL OR o.scope < ?3)
+   AND (o.scope > ?4 OR (o.scope = ?4 AND o.id > ?5))
+ ORDER BY o.scope, o.id
+ LIMIT ?6";
+
+pub(crate) const POSTGRES_UPLOADS: &str = "
+SELECT o.id, o.scope, o.staged_at_ms
+  FROM fencecheck_objects o
+ WHERE o.staged_at_ms > $1
+   AND left(o.name, 7) = 'upload '
+   AND o.scope COLLATE \"C\" >= $2
+   AND ($3::text IS NULL OR o.scope COLLATE \"C\" < $3)
+   AND (o.scope COLLATE \"C\" > $4 OR (o.scope = $4 AND o.id > $5))
+ ORDER BY o.scope COLLATE \"C\", o.id
+ LIMIT $6";

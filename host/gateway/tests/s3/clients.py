@@ -533,6 +533,106 @@ def complete_saved():
         absent(c, saved["Key"])
 
 
+def upload_listings():
+    """ListParts and ListMultipartUploads: the parts stored so far (a part
+    sent again listed once, as its last upload), in pages by marker and
+    through boto3's paginator; the uploads in progress by key and then by
+    start, with a prefix, a delimiter and markers, per bucket; Complete and
+    Abort take an upload off the list; a reader may list neither; an
+    UploadId of another key, or none, is NoSuchUpload. Two uploads are
+    left for the test (rclone's cleanup)."""
+    c = client()
+    key = "pending/a.bin"
+    begin = lambda k, bucket="reports": c.create_multipart_upload(  # noqa: E731
+        Bucket=bucket, Key=k, Metadata={"fence-token": "7.1"}
+    )["UploadId"]
+    uid = begin(key)
+    part = lambda n, body: c.upload_part(  # noqa: E731
+        Bucket="reports", Key=key, UploadId=uid, PartNumber=n, Body=body
+    )["ETag"]
+    part(2, b"the first try of part 2")
+    bodies = {1: os.urandom(5 << 20), 2: b"second", 3: b"third"}
+    etags = {n: part(n, body) for n, body in bodies.items()}
+    listed = c.list_parts(Bucket="reports", Key=key, UploadId=uid)
+    got = [(p["PartNumber"], p["ETag"], p["Size"]) for p in listed["Parts"]]
+    assert got == [(n, etags[n], len(b)) for n, b in sorted(bodies.items())], got
+    assert listed["IsTruncated"] is False, listed
+    now = datetime.datetime.now(datetime.timezone.utc)
+    assert all(abs((p["LastModified"] - now).total_seconds()) < 300 for p in listed["Parts"]), listed
+    page = c.list_parts(Bucket="reports", Key=key, UploadId=uid, MaxParts=2)
+    assert [p["PartNumber"] for p in page["Parts"]] == [1, 2], page
+    assert page["IsTruncated"] is True and page["NextPartNumberMarker"] == 2, page
+    rest = c.list_parts(Bucket="reports", Key=key, UploadId=uid, PartNumberMarker=2)
+    assert [p["PartNumber"] for p in rest["Parts"]] == [3] and rest["IsTruncated"] is False, rest
+    pages = c.get_paginator("list_parts").paginate(
+        Bucket="reports", Key=key, UploadId=uid, PaginationConfig={"PageSize": 1}
+    )
+    assert [p["PartNumber"] for pg in pages for p in pg.get("Parts", [])] == [1, 2, 3]
+
+    # More uploads: a second of the same key, one under a deeper prefix,
+    # one beside, one outside the prefix, one in the other bucket.
+    second = begin(key)
+    deep = begin("pending/dir/b.bin")
+    beside = begin("pending/c.bin")
+    begin("zzz/outside.bin")
+    elsewhere = begin("pending/x.bin", bucket="other")
+    everything = [(key, uid), (key, second), ("pending/c.bin", beside), ("pending/dir/b.bin", deep)]
+    uploads = lambda **kw: c.list_multipart_uploads(Bucket="reports", Prefix="pending/", **kw)  # noqa: E731
+    pairs = lambda out: [(u["Key"], u["UploadId"]) for u in out.get("Uploads", [])]  # noqa: E731
+    out = uploads()
+    assert pairs(out) == everything and out["IsTruncated"] is False, out
+    assert all(abs((u["Initiated"] - now).total_seconds()) < 300 for u in out["Uploads"]), out
+    rolled = uploads(Delimiter="/")
+    assert pairs(rolled) == everything[:3], rolled
+    assert rolled["CommonPrefixes"] == [{"Prefix": "pending/dir/"}], rolled
+    pages = list(
+        c.get_paginator("list_multipart_uploads").paginate(
+            Bucket="reports", Prefix="pending/", PaginationConfig={"PageSize": 1}
+        )
+    )
+    assert [pr for pg in pages for pr in pairs(pg)] == everything and len(pages) == 4, pages
+    first = uploads(MaxUploads=1)
+    assert first["IsTruncated"] is True, first
+    assert (first["NextKeyMarker"], first["NextUploadIdMarker"]) == (key, uid), first
+    pages = list(
+        c.get_paginator("list_multipart_uploads").paginate(
+            Bucket="reports", Prefix="pending/", Delimiter="/", PaginationConfig={"PageSize": 1}
+        )
+    )
+    assert [pr for pg in pages for pr in pairs(pg)] == everything[:3], pages
+    assert [cp["Prefix"] for pg in pages for cp in pg.get("CommonPrefixes", [])] == ["pending/dir/"], pages
+    # A key marker alone skips every upload of that key; with an UploadId
+    # marker, the key's uploads up to it.
+    assert pairs(uploads(KeyMarker=key)) == everything[2:]
+    assert pairs(uploads(KeyMarker=key, UploadIdMarker=uid)) == everything[1:]
+    refused(lambda: uploads(KeyMarker=key, UploadIdMarker="x"), "InvalidArgument", 400)
+    assert pairs(c.list_multipart_uploads(Bucket="other")) == [("pending/x.bin", elsewhere)]
+
+    # Parts 1 and 3 published (a part list need not be contiguous); the
+    # second upload aborted: both off the list.
+    c.complete_multipart_upload(
+        Bucket="reports",
+        Key=key,
+        UploadId=uid,
+        MultipartUpload={"Parts": [{"PartNumber": n, "ETag": etags[n]} for n in (1, 3)]},
+    )
+    c.abort_multipart_upload(Bucket="reports", Key=key, UploadId=second)
+    assert pairs(uploads()) == everything[2:]
+    refused(lambda: c.list_parts(Bucket="reports", Key=key, UploadId=uid), "NoSuchUpload", 404)
+    refused(lambda: c.list_parts(Bucket="reports", Key=key, UploadId=beside), "NoSuchUpload", 404)
+    refused(lambda: c.list_parts(Bucket="reports", Key=key, UploadId="nonsense"), "NoSuchUpload", 404)
+    r = client(os.environ["READER_KEY"], os.environ["READER_SECRET"])
+    refused(lambda: r.list_multipart_uploads(Bucket="reports", Prefix="pending/"), "AccessDenied", 403)
+    refused(lambda: r.list_parts(Bucket="reports", Key="pending/c.bin", UploadId=beside), "AccessDenied", 403)
+
+
+def no_uploads_left():
+    """No upload in progress is listed under $PREFIX of bucket reports."""
+    c = client()
+    out = c.list_multipart_uploads(Bucket="reports", Prefix=os.environ["PREFIX"])
+    assert out.get("Uploads", []) == [], out
+
+
 def begin_only():
     """Begin an upload and store two parts, never completing it (the test
     then kills the gateway)."""
