@@ -26,11 +26,13 @@ pub struct Collector {
     store: Arc<Store>,
     blobs: Arc<Blobs>,
     retention: Duration,
+    upload_retention: Duration,
     interval: Duration,
 }
 
 impl Collector {
-    /// A collector keeping unpublished blobs for `retention`.
+    /// A collector keeping unpublished blobs (and S3 uploads, unless
+    /// [`Collector::with_upload_retention`] says otherwise) for `retention`.
     pub fn new(
         store: Arc<Store>,
         blobs: Arc<Blobs>,
@@ -41,16 +43,26 @@ impl Collector {
             store,
             blobs,
             retention,
+            upload_retention: retention,
             interval,
         }
+    }
+
+    /// Keep the S3 front's multipart uploads and their parts for
+    /// `retention` from their staging instead (`--upload-retention`).
+    #[must_use]
+    pub fn with_upload_retention(mut self, retention: Duration) -> Self {
+        self.upload_retention = retention;
+        self
     }
 
     /// One pass; returns the number of blobs deleted.
     pub async fn pass(&self) -> Result<usize, Error> {
         let mut removed = 0;
         loop {
-            let (store, retention) = (self.store.clone(), self.retention);
-            let gone = blocking(move || store.collect(retention, BATCH)).await?;
+            let (store, retention, uploads) =
+                (self.store.clone(), self.retention, self.upload_retention);
+            let gone = blocking(move || store.collect(retention, uploads, BATCH)).await?;
             let full = gone.len() == BATCH;
             for object in gone {
                 self.blobs.remove(object).await?;

@@ -124,6 +124,11 @@ struct Args {
     /// (must exceed the longest upload).
     #[arg(long, default_value_t = 600)]
     retention: u64,
+    /// Seconds an S3 multipart upload and its parts are kept from their
+    /// start: it must complete within it (a large upload takes far longer
+    /// than one PUT); ListMultipartUploads shows the uploads within it.
+    #[arg(long, default_value_t = 86_400)]
+    upload_retention: u64,
     /// Seconds between collector passes.
     #[arg(long, default_value_t = 30)]
     gc_interval: u64,
@@ -261,6 +266,7 @@ fn main() -> anyhow::Result<()> {
         }
     });
     let retention = Duration::from_secs(args.retention);
+    let upload_retention = Duration::from_secs(args.upload_retention);
     let config = Config {
         max_body: args.max_body,
         max_upload: args.max_upload,
@@ -275,7 +281,7 @@ fn main() -> anyhow::Result<()> {
         max_in_flight: args.max_in_flight.max(1),
         queue_wait: Duration::from_millis(args.queue_timeout_ms),
         max_ttl: Duration::from_secs(args.max_ttl),
-        retention,
+        upload_retention,
     };
     let limits = Limits {
         max_connections: args.max_connections.max(1),
@@ -327,7 +333,8 @@ fn main() -> anyhow::Result<()> {
         blobs,
         retention,
         Duration::from_secs(args.gc_interval.max(1)),
-    );
+    )
+    .with_upload_retention(upload_retention);
     server.add_service(pingora::services::background::background_service(
         "collector",
         collector,

@@ -271,7 +271,7 @@ fn boto3_multipart_with_keep_alive() -> anyhow::Result<()> {
 }
 
 /// SIGKILL with an upload in progress: after a restart nothing of it is
-/// visible, and the collector deletes its parts after `--retention`.
+/// visible, and the collector deletes its parts after `--upload-retention`.
 #[test]
 fn killed_upload_leaves_nothing() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
@@ -288,7 +288,7 @@ fn killed_upload_leaves_nothing() -> anyhow::Result<()> {
             &auth,
             "--bucket",
             "reports",
-            "--retention",
+            "--upload-retention",
             "1",
             "--gc-interval",
             "1",
@@ -309,6 +309,70 @@ fn killed_upload_leaves_nothing() -> anyhow::Result<()> {
         );
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
+    Ok(())
+}
+
+/// An upload outlives `--retention` (how long a PUT's staged blob is
+/// kept) and is kept for `--upload-retention` (24 h): once a collector
+/// pass has taken a replaced blob staged after the upload's parts, the
+/// parts are all still there and the upload completes.
+#[test]
+fn uploads_outlive_the_blob_retention() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    uploads_outlive(dir.path(), &[])
+}
+
+/// As `uploads_outlive_the_blob_retention`, with pointers in PostgreSQL
+/// (its collector locks and deletes in two statements of its own).
+#[test]
+fn uploads_outlive_the_blob_retention_on_postgres() -> anyhow::Result<()> {
+    let server = PgServer::start()?;
+    let dir = tempfile::tempdir()?;
+    uploads_outlive(dir.path(), &["--postgres", &server.url()])
+}
+
+fn uploads_outlive(data: &Path, extra: &[&str]) -> anyhow::Result<()> {
+    let twelve = (12u64 << 20).to_string();
+    let mut args = vec![
+        "--retention",
+        "1",
+        "--gc-interval",
+        "1",
+        "--max-upload",
+        &twelve,
+    ];
+    args.extend_from_slice(extra);
+    let gw = start_with(data, &args, &[])?;
+    let state = data.join("upload.json");
+    let state = state.to_str().context("path")?;
+    boto3(&gw, "upload_bounded", &[("STATE", state)])?;
+    for token in ["1.1", "1.2"] {
+        let r = gw.request(
+            "PUT",
+            "/objects/reports/churn",
+            &[("Fence-Token", token)],
+            token.as_bytes(),
+        )?;
+        ensure!(r.status == 200 || r.status == 201, "{r:?}");
+    }
+    // Three parts and two bodies; the first body, replaced, goes at the
+    // collector's first pass after a second (bounded wait for it). A pass
+    // that took it took everything older under the same rule.
+    ensure!(gw.blob_count()? == 5, "{} blobs", gw.blob_count()?);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while gw.blob_count()? == 5 {
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "the replaced blob outlived --retention"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    ensure!(
+        gw.blob_count()? == 4,
+        "{} blobs: the upload's parts went with the replaced blob",
+        gw.blob_count()?
+    );
+    boto3(&gw, "complete_saved", &[("STATE", state), ("EXPECT", "ok")])?;
     Ok(())
 }
 

@@ -60,10 +60,11 @@ pub struct Config {
     pub queue_wait: Duration,
     /// The longest lease (`ttl_ms` over it is 400).
     pub max_ttl: Duration,
-    /// How long an unpublished blob is kept (`--retention`; the collector
-    /// runs with the same): an S3 upload must complete within it, and
-    /// ListMultipartUploads shows the uploads begun within it.
-    pub retention: Duration,
+    /// How long an S3 multipart upload is kept from its start
+    /// (`--upload-retention`; the collector runs with the same): it must
+    /// complete within it, and ListMultipartUploads shows the uploads
+    /// begun within it.
+    pub upload_retention: Duration,
 }
 
 impl Default for Config {
@@ -82,7 +83,7 @@ impl Default for Config {
             max_in_flight: 256,
             queue_wait: Duration::from_secs(1),
             max_ttl: Duration::from_secs(60),
-            retention: Duration::from_secs(600),
+            upload_retention: Duration::from_secs(86_400),
         }
     }
 }

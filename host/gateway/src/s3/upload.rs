@@ -2,7 +2,8 @@
 //! it before uploading anything) and stages the upload; each part is a
 //! staged blob; Complete concatenates the parts into a new blob and runs
 //! the fenced publish, which decides again: a stale Complete makes nothing
-//! visible. Abort (or the collector, after `--retention`) drops them all.
+//! visible. Abort (or the collector, after `--upload-retention`) drops
+//! them all.
 
 use md5::{Digest, Md5};
 use s3s::dto::{
@@ -475,7 +476,7 @@ impl Objects {
     }
 
     /// ListMultipartUploads: the uploads in progress begun within
-    /// `--retention` (older ones are the collector's), by key and then by
+    /// `--upload-retention` (older ones are the collector's), by key and then by
     /// start, with S3's prefix, delimiter, key and UploadId markers. Write
     /// right on the whole prefix: a reader sees only published objects.
     pub(super) async fn list_uploads(
@@ -523,7 +524,7 @@ impl Objects {
                 })
             }
         };
-        let since = self.core.config.retention;
+        let since = self.core.config.upload_retention;
         let mut uploads: Vec<MultipartUpload> = Vec::new();
         let mut prefixes: Vec<CommonPrefix> = Vec::new();
         // The page's last entry: the next page's markers.

@@ -485,10 +485,7 @@ impl Store {
         since: Duration,
         limit: usize,
     ) -> Result<Vec<PendingUpload>, Error> {
-        let cutoff = SystemTime::now()
-            .checked_sub(since)
-            .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+        let cutoff = cutoff_ms(since);
         let upper = upper_bound(prefix);
         // Nothing sorts below the empty key: "after ('', 0)" is everything.
         let (after_key, after_id) = after.unwrap_or(("", 0));
@@ -803,13 +800,18 @@ impl Store {
     }
 
     /// One bounded collection batch: at most `batch` unreferenced objects
-    /// staged more than `retention` ago lose their rows; returns their ids,
-    /// whose blobs may go. A row a publish points at in between is kept.
-    pub fn collect(&self, retention: Duration, batch: usize) -> Result<Vec<ObjectId>, Error> {
-        let cutoff = SystemTime::now()
-            .checked_sub(retention)
-            .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+    /// staged more than `retention` ago (S3 uploads and their parts:
+    /// `upload_retention`) lose their rows; returns their ids, whose blobs
+    /// may go. A row a publish points at in between is kept.
+    pub fn collect(
+        &self,
+        retention: Duration,
+        upload_retention: Duration,
+        batch: usize,
+    ) -> Result<Vec<ObjectId>, Error> {
+        let cutoff = cutoff_ms(retention);
+        let upload_cutoff = cutoff_ms(upload_retention);
+        let outer = cutoff.max(upload_cutoff);
         let batch = i64::try_from(batch).unwrap_or(i64::MAX);
         let _turn = self.turn();
         // Completed uploads' answers are kept as long as unpublished blobs.
@@ -830,7 +832,10 @@ impl Store {
         let ids: Vec<i64> = self.pool.with(|conn, _| match conn {
             Conn::Sqlite(c) => c
                 .prepare_cached(schema::SQLITE_COLLECT)
-                .and_then(|mut s| s.query_map([cutoff, batch], |r| r.get(0))?.collect())
+                .and_then(|mut s| {
+                    s.query_map([outer, batch, cutoff, upload_cutoff], |r| r.get(0))?
+                        .collect()
+                })
                 .map_err(sqlite("collecting unreferenced objects")),
             Conn::Postgres(c) => {
                 let mut tx = c
@@ -839,7 +844,10 @@ impl Store {
                     .start()
                     .map_err(|e| postgres_error("beginning a collection batch", e))?;
                 let locked: Vec<i64> = tx
-                    .query(schema::POSTGRES_LOCK_GARBAGE, &[&cutoff, &batch])
+                    .query(
+                        schema::POSTGRES_LOCK_GARBAGE,
+                        &[&outer, &batch, &cutoff, &upload_cutoff],
+                    )
                     .map_err(|e| postgres_error("locking unreferenced objects", e))?
                     .iter()
                     .map(|r| r.get(0))
@@ -901,6 +909,14 @@ fn postgres_error(doing: &'static str, source: postgres::Error) -> Error {
 
 fn unsigned(what: &'static str, n: i64) -> Result<u64, Error> {
     u64::try_from(n).map_err(|_| Error::Task(format!("stored {what} {n} is negative")))
+}
+
+/// The time `ago` before now, in ms since the epoch (a store's clock).
+fn cutoff_ms(ago: Duration) -> i64 {
+    SystemTime::now()
+        .checked_sub(ago)
+        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
 fn millis_time(ms: Option<i64>) -> SystemTime {

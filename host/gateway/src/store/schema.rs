@@ -245,11 +245,16 @@ DELETE FROM fencecheck_objects
    AND NOT EXISTS (SELECT 1 FROM fencecheck_scopes WHERE visible_object = ?1)";
 
 /// One bounded collector batch (SQLite: one writer at a time, so one
-/// statement decides and deletes).
+/// statement decides and deletes). `?1` is the later of the two cutoffs
+/// (the index's range), `?3` the blobs' and `?4` the S3 uploads' (an
+/// upload and its parts are kept for `--upload-retention`: a large upload
+/// takes longer than a PUT's staging should be kept).
 pub(crate) const SQLITE_COLLECT: &str = "
 DELETE FROM fencecheck_objects WHERE id IN (
     SELECT o.id FROM fencecheck_objects o
      WHERE o.staged_at_ms <= ?1
+       AND CASE WHEN substr(o.name, 1, 7) = 'upload ' OR substr(o.name, 1, 5) = 'part '
+                THEN o.staged_at_ms <= ?4 ELSE o.staged_at_ms <= ?3 END
        AND NOT EXISTS (SELECT 1 FROM fencecheck_scopes s WHERE s.visible_object = o.id)
      ORDER BY o.id LIMIT ?2)
 RETURNING id";
@@ -260,6 +265,8 @@ RETURNING id";
 pub(crate) const POSTGRES_LOCK_GARBAGE: &str = "
 SELECT o.id FROM fencecheck_objects o
  WHERE o.staged_at_ms <= $1
+   AND CASE WHEN left(o.name, 7) = 'upload ' OR left(o.name, 5) = 'part '
+            THEN o.staged_at_ms <= $4 ELSE o.staged_at_ms <= $3 END
    AND NOT EXISTS (SELECT 1 FROM fencecheck_scopes s WHERE s.visible_object = o.id)
  ORDER BY o.id
  LIMIT $2
