@@ -1,6 +1,7 @@
 //! Shared helpers for fencecheck's integration tests: one runtime per test
 //! process (the component is compiled once), and the vector files.
 
+pub mod fuzzing;
 pub mod history;
 pub mod netns;
 pub mod pgserver;

@@ -48,10 +48,14 @@ pub fn init(ctx: &Context, args: &[RedisString]) -> Status {
         match arg.as_slice().to_ascii_uppercase().as_slice() {
             b"TEST-CLOCK" => TEST_CLOCK.store(true, Ordering::SeqCst),
             other => {
-                ctx.log_warning(&format!(
-                    "fencecheck: unknown module argument {:?}",
-                    String::from_utf8_lossy(other)
-                ));
+                ffi::log(
+                    ctx,
+                    ffi::Level::Warning,
+                    &format!(
+                        "fencecheck: unknown module argument {:?}",
+                        String::from_utf8_lossy(other)
+                    ),
+                );
                 return Status::Err;
             }
         }
@@ -61,7 +65,11 @@ pub fn init(ctx: &Context, args: &[RedisString]) -> Status {
         None => match Runtime::new() {
             Ok(rt) => RUNTIME.get_or_init(|| rt).clone(),
             Err(e) => {
-                ctx.log_warning(&format!("fencecheck: loading the component: {e}"));
+                ffi::log(
+                    ctx,
+                    ffi::Level::Warning,
+                    &format!("fencecheck: loading the component: {e}"),
+                );
                 return Status::Err;
             }
         },
@@ -72,32 +80,79 @@ pub fn init(ctx: &Context, args: &[RedisString]) -> Status {
             Err(_) => return Status::Err,
         },
         Err(e) => {
-            ctx.log_warning(&format!("fencecheck: instantiating the component: {e}"));
+            ffi::log(
+                ctx,
+                ffi::Level::Warning,
+                &format!("fencecheck: instantiating the component: {e}"),
+            );
             return Status::Err;
         }
     }
-    ctx.log_notice(&format!(
-        "fencecheck: component fencecheck:fence@{} loaded",
-        runtime.component_version()
-    ));
+    ffi::log(
+        ctx,
+        ffi::Level::Notice,
+        &format!(
+            "fencecheck: component fencecheck:fence@{} loaded",
+            runtime.component_version()
+        ),
+    );
     Status::Ok
 }
 
-/// Run a handler: no panic reaches Redis (it would abort the server).
+/// Run a handler and send its reply. Nothing here may unwind into Redis: a
+/// panic across the module's C entry point aborts the whole server, every
+/// client's data with it. So the reply is made safe for `redis-module`'s
+/// writer (error lines printable ASCII, see [`Refusal::wire`]; no NUL in a
+/// simple string) and sent inside the same `catch_unwind`; a caught panic
+/// is logged and answered `-FENCERUNTIME`.
 fn guarded(ctx: &Context, args: &[RedisString], handler: Handler) -> RedisResult {
-    match catch_unwind(AssertUnwindSafe(|| handler(ctx, args))) {
-        Ok(Ok(value)) => Ok(value),
-        Ok(Err(Refusal(line))) => Err(RedisError::String(line)),
-        Err(_) => Err(RedisError::Str("FENCERUNTIME internal error")),
+    let sent = catch_unwind(AssertUnwindSafe(|| {
+        let reply = match handler(ctx, args) {
+            Ok(value) => Ok(sendable(value)),
+            Err(refusal) => Err(RedisError::String(refusal.wire())),
+        };
+        ctx.reply(reply);
+    }));
+    if let Err(panic) = sent {
+        let what = panic
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        ffi::log(
+            ctx,
+            ffi::Level::Warning,
+            &format!("fencecheck: a command panicked (caught; answered FENCERUNTIME): {what}"),
+        );
+        ctx.reply_error_string("FENCERUNTIME internal error (a panic, caught; see the server log)");
+    }
+    Ok(RedisValue::NoReply)
+}
+
+/// `value` with every simple string the reply writer could panic on (a NUL
+/// byte) sent as a bulk string instead.
+fn sendable(value: RedisValue) -> RedisValue {
+    match value {
+        RedisValue::SimpleString(s) if s.contains('\0') => RedisValue::BulkString(s),
+        RedisValue::Array(items) => RedisValue::Array(items.into_iter().map(sendable).collect()),
+        other => other,
     }
 }
 
 fn with_guest<T>(
     f: impl FnOnce(&mut Instance) -> Result<T, fencecheck::Error>,
 ) -> Result<T, Refusal> {
-    let mut slot = INSTANCE
-        .lock()
-        .map_err(|_| Refusal::new("FENCERUNTIME", "the component is unavailable"))?;
+    let mut slot = match INSTANCE.lock() {
+        Ok(slot) => slot,
+        Err(poisoned) => {
+            // A panic (caught by `guarded`) held the instance: its state is
+            // unknown, so a fresh instance replaces it.
+            INSTANCE.clear_poison();
+            let mut slot = poisoned.into_inner();
+            *slot = RUNTIME.get().and_then(|rt| rt.instance().ok());
+            slot
+        }
+    };
     let guest = slot
         .as_mut()
         .ok_or_else(|| Refusal::new("FENCERUNTIME", "the component is not loaded"))?;

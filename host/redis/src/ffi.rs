@@ -141,3 +141,39 @@ pub fn set_string(ctx: &Context, key: &[u8], value: &[u8]) -> Result<(), String>
         }
     }
 }
+
+/// A server log level.
+#[derive(Clone, Copy)]
+pub enum Level {
+    Notice,
+    Warning,
+}
+
+/// Write `message` to the server log. Not `Context::log_*`: those pass the
+/// message as RM_Log's printf format (a `%n` in a module argument would be
+/// a write through a wild pointer) and panic on a NUL byte. Here the format
+/// is `"%s"` and the message is printable ASCII.
+pub fn log(ctx: &Context, level: Level, message: &str) {
+    let Some(log) = (unsafe {
+        // SAFETY: filled in by RedisModule_Init; read by value.
+        raw::RedisModule_Log
+    }) else {
+        return;
+    };
+    let level = match level {
+        Level::Notice => c"notice",
+        Level::Warning => c"warning",
+    };
+    let mut text: Vec<u8> = crate::rules::wire_line(message).into_bytes();
+    text.push(0);
+    unsafe {
+        // SAFETY: both strings are NUL-terminated and live across the call;
+        // the format consumes exactly one `char *` argument.
+        log(
+            ctx.get_raw(),
+            level.as_ptr(),
+            c"%s".as_ptr(),
+            text.as_ptr().cast::<std::os::raw::c_char>(),
+        );
+    }
+}

@@ -20,6 +20,38 @@ impl Refusal {
     pub fn syntax(detail: impl std::fmt::Display) -> Self {
         Refusal::new("ERR", detail)
     }
+
+    /// The line as sent: printable ASCII only, at most [`MAX_LINE`] bytes.
+    /// A client's bytes reach some lines (an unknown option, a scope, an
+    /// inner command's own error), and `redis-module` writes each char as
+    /// one byte (`c as u8`: U+0200 becomes NUL, and its `CString::new`
+    /// then panics, which aborts the server): everything else is escaped
+    /// as Rust does (`\u{200}`, `\n`).
+    pub fn wire(&self) -> String {
+        wire_line(&self.0)
+    }
+}
+
+/// The longest error line sent; a longer one is cut and ends in `...`.
+pub const MAX_LINE: usize = 400;
+
+/// `line` as printable ASCII (see [`Refusal::wire`]).
+pub fn wire_line(line: &str) -> String {
+    let mut out = String::with_capacity(line.len().min(MAX_LINE));
+    for c in line.chars() {
+        let before = out.len();
+        if c == ' ' || c.is_ascii_graphic() {
+            out.push(c);
+        } else {
+            out.extend(c.escape_default());
+        }
+        if out.len() > MAX_LINE - 3 {
+            out.truncate(before);
+            out.push_str("...");
+            break;
+        }
+    }
+    out
 }
 
 /// Arguments longer than this are refused before any copy (the guest's own
@@ -365,6 +397,26 @@ mod tests {
             refusal(token(b"0.4x")),
             "BADTOKEN invalid token \"0.4x\": expected EPOCH.COUNTER or AUTHORITY:EPOCH.COUNTER (decimal u64), signed: TOKEN~KEY-ID~LEASE~TAG (base64url)"
         );
+    }
+
+    /// Every error line is printable ASCII of bounded length, whatever a
+    /// client put in it: the bytes `redis-module` can write without
+    /// panicking (each char one byte, no NUL).
+    #[test]
+    fn wire_lines_are_printable_ascii() {
+        let unknown = refusal(options(&["opt\u{200}".as_bytes(), b"v"], &[]));
+        let sent = Refusal(unknown).wire();
+        assert_eq!(sent, "ERR unknown option \"OPT\\u{200}\"");
+        for c in (0u32..0x1_0000).filter_map(char::from_u32) {
+            let line = Refusal::new("ERR", format!("x{c}\0\r\n")).wire();
+            assert!(
+                line.bytes().all(|b| b == b' ' || b.is_ascii_graphic()),
+                "{line:?}"
+            );
+        }
+        let long = Refusal::new("ERR", "\u{ffff}".repeat(1000)).wire();
+        assert!(long.len() <= MAX_LINE && long.ends_with("..."), "{long}");
+        assert_eq!(Refusal::syntax("plain text").wire(), "ERR plain text");
     }
 
     trait OrDefault<T> {

@@ -7,6 +7,7 @@
 mod common;
 
 mod commands;
+mod fuzz;
 mod history;
 mod leases;
 mod paused_writer;
