@@ -4,6 +4,9 @@
 //! per-connection instances on several threads.
 #![allow(unsafe_code)] // loading an extension is `unsafe` in rusqlite's API
 
+#[path = "sql/fuzz.rs"]
+mod fuzz;
+
 use std::path::PathBuf;
 use std::sync::{Arc, Barrier};
 use std::thread;
