@@ -211,7 +211,10 @@ impl Open {
         let rel = unsafe {
             pg_sys::try_relation_open(relid, pg_sys::AccessShareLock as pg_sys::LOCKMODE)
         };
-        (!rel.is_null()).then_some(Open(rel))
+        // Never `then_some(Open(rel))`: that makes an `Open` of NULL and
+        // drops it, closing a NULL relation (a segfault that took down the
+        // server on `fencecheck.unfit` of a missing OID).
+        if rel.is_null() { None } else { Some(Open(rel)) }
     }
 }
 
