@@ -5,6 +5,7 @@
 
 mod common;
 mod functions;
+mod fuzz;
 mod load;
 mod observe;
 mod paths;
