@@ -26,6 +26,9 @@ pub(crate) async fn serve(
             return match failure {
                 BodyFailure::TooLarge => Ok(Reply::too_large(MAX_LOCK_BODY as u64)),
                 BodyFailure::Client(e) => Err(e),
+                BodyFailure::Cut(why) | BodyFailure::Malformed(why) => Ok(Reply::bad_request(
+                    &format!("the body is incomplete: {why}"),
+                )),
                 _ => Ok(Reply::problem(
                     408,
                     "body-timeout",

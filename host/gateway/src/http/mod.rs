@@ -67,6 +67,16 @@ pub struct Config {
     pub upload_retention: Duration,
 }
 
+impl Config {
+    /// The most bytes of a request body the gateway reads: `max_body`, and
+    /// room for the `aws-chunked` framing of the S3 front, which adds ~90
+    /// bytes per chunk (64 KiB by default) to the decoded body that the
+    /// operations bound by `max_body`.
+    pub(crate) fn max_wire(&self) -> u64 {
+        self.max_body + self.max_body / 16 + (1 << 20)
+    }
+}
+
 impl Default for Config {
     fn default() -> Self {
         Self {
@@ -152,6 +162,9 @@ impl Gateway {
 #[derive(Debug)]
 pub struct Ctx {
     pub(crate) started: Instant,
+    /// How long the answer took (set before lingering over an unread
+    /// body, which is not the request's latency).
+    pub(crate) answered: Option<Duration>,
     pub(crate) op: &'static str,
     pub(crate) outcome: &'static str,
     pub(crate) epoch: Option<u64>,
@@ -284,6 +297,17 @@ impl Gateway {
         route: Route,
         caller: Caller,
     ) -> pingora::Result<()> {
+        // A body over --max-body is never read whole, not even to be
+        // dropped after an early answer (`body::linger`): refuse it first.
+        let declared = objects::header(session.req_header(), "content-length")
+            .ok()
+            .flatten()
+            .and_then(|v| v.trim().parse::<u64>().ok());
+        if declared.is_some_and(|n| n > self.config.max_body) {
+            session.set_keepalive(None);
+            let reply = Reply::too_large(self.config.max_body);
+            return self.answer(session, ctx, reply).await;
+        }
         let reply = match route {
             Route::Health => match self.work(true, |s| s.ping()).await {
                 Ok(()) => Reply::new(200, "ok").text("ok\n"),
@@ -331,6 +355,7 @@ impl ProxyHttp for Gateway {
     fn new_ctx(&self) -> Ctx {
         Ctx {
             started: Instant::now(),
+            answered: None,
             op: "other",
             outcome: "none",
             epoch: None,
@@ -340,6 +365,8 @@ impl ProxyHttp for Gateway {
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> pingora::Result<bool> {
         self.serve(session, ctx).await?;
+        ctx.answered = Some(ctx.started.elapsed());
+        body::linger(session, self.config.pace, self.config.max_wire()).await;
         Ok(true)
     }
 
@@ -355,7 +382,7 @@ impl ProxyHttp for Gateway {
     async fn logging(&self, session: &mut Session, e: Option<&pingora::Error>, ctx: &mut Ctx) {
         conn::request_ended(session);
         let status = session.response_written().map_or(0, |r| r.status.as_u16());
-        let elapsed = ctx.started.elapsed();
+        let elapsed = ctx.answered.unwrap_or_else(|| ctx.started.elapsed());
         self.metrics
             .observe(ctx.op, ctx.outcome, ctx.epoch, status, elapsed);
         let req = session.req_header();

@@ -257,6 +257,15 @@ async fn put(
                     "the body's length differs from Content-Length",
                     json!({"declared": declared, "received": received}),
                 )),
+                BodyFailure::Cut(why) => Ok(Reply::problem(
+                    400,
+                    "incomplete-body",
+                    &format!("the body ended before its Content-Length or last chunk: {why}"),
+                    json!({"declared": declared}),
+                )),
+                BodyFailure::Malformed(why) => Ok(Reply::bad_request(&format!(
+                    "the chunked body is malformed: {why}"
+                ))),
                 BodyFailure::Client(e) => Err(e),
                 BodyFailure::Storage(e) => Ok(Reply::unavailable(&e)),
             };

@@ -37,6 +37,10 @@ pub(crate) struct Tally {
     pub outcome: Option<&'static str>,
     pub epoch: Option<u64>,
     pub principal: Option<String>,
+    /// A gateway operation began (it looked up the request's signer):
+    /// until then every answer is s3s's own (signature, routing, reading
+    /// a whole XML body).
+    pub began: bool,
     /// The answer is 200 at once with whitespace until the result
     /// (a large CompleteMultipartUpload): no `--response-deadline`, and
     /// the outcome is known only at its end.
@@ -122,9 +126,7 @@ impl Front {
             .and_then(|v| v.trim().parse::<u64>().ok());
         let has_body = declared.is_some_and(|n| n > 0)
             || head.headers.contains_key(http::header::TRANSFER_ENCODING);
-        // aws-chunked framing adds ~90 bytes per chunk (64 KiB by default)
-        // to the decoded body, which the operations bound by --max-body.
-        let max_wire = gw.config.max_body + gw.config.max_body / 16 + (1 << 20);
+        let max_wire = gw.config.max_wire();
         if declared.is_some_and(|n| n > max_wire) {
             session.set_keepalive(None);
             let e = error(S3ErrorCode::EntityTooLarge, "the body is over --max-body");
@@ -204,6 +206,15 @@ impl Front {
                     .to_http_response()
                     .map_err(|e| format!("{e:?}"))
             }
+            Some(Pumped::Malformed) => {
+                session.set_keepalive(None);
+                error(
+                    S3ErrorCode::IncompleteBody,
+                    "the request body ended before its Content-Length or last chunk, or a chunk is malformed",
+                )
+                .to_http_response()
+                .map_err(|e| format!("{e:?}"))
+            }
             Some(Pumped::Client(e)) => return Err(e),
             // Answered before the body was read: the rest stays unread.
             None | Some(Pumped::Unread) => {
@@ -212,6 +223,13 @@ impl Front {
             }
         };
         let answer = match answer {
+            Ok(r) if body_refused(&r, &tally) => {
+                error(
+                    S3ErrorCode::InvalidRequest,
+                    "the request body does not match what its headers declare (x-amz-content-sha256, the aws-chunked framing or its chunk signatures); nothing was done",
+                )
+                .to_http_response()
+            }
             Ok(r) => Ok(r),
             Err(detail) => {
                 tracing::error!(%detail, "the S3 service failed");
@@ -292,6 +310,25 @@ impl Front {
         }
         sent
     }
+}
+
+/// Whether `response` is s3s refusing the request's body as a server
+/// error. Before an operation begins, s3s reads the whole body of the
+/// operations that take an XML document (DeleteObjects,
+/// CompleteMultipartUpload, …) through the checks the headers ask for: the
+/// body's SHA-256 against `x-amz-content-sha256`, the `aws-chunked`
+/// framing and chunk signatures. A body that fails them is the client's
+/// error, but s3s answers it `500 InternalError` without a message (the
+/// only 500 it makes before the operation; the gateway's own have one);
+/// the operation never ran, nothing was done.
+fn body_refused(response: &s3s::HttpResponse, tally: &Tallied) -> bool {
+    let has = |b: &[u8], part: &[u8]| b.windows(part.len()).any(|w| w == part);
+    response.status() == http::StatusCode::INTERNAL_SERVER_ERROR
+        && tally.lock().is_ok_and(|t| !t.began)
+        && response
+            .body()
+            .bytes()
+            .is_some_and(|b| has(&b, b"<Code>InternalError</Code>") && !has(&b, b"<Message>"))
 }
 
 /// Send a streamed body, within `deadline` if there is one.
@@ -378,6 +415,9 @@ enum Pumped {
     Unread,
     TooSlow,
     TooLarge,
+    /// The body ended before its length or last chunk, or a chunk did not
+    /// parse.
+    Malformed,
     Client(Box<pingora::Error>),
 }
 
@@ -437,6 +477,9 @@ async fn pump(
                     BodyFailure::TooSlow => ("too slow", Pumped::TooSlow),
                     BodyFailure::TooLarge => ("too large", Pumped::TooLarge),
                     BodyFailure::Client(e) => ("the client failed", Pumped::Client(e)),
+                    BodyFailure::Cut(_) | BodyFailure::Malformed(_) => {
+                        ("cut short or malformed", Pumped::Malformed)
+                    }
                     BodyFailure::Length { .. } | BodyFailure::Storage(_) => {
                         ("incomplete", Pumped::TooSlow)
                     }

@@ -71,6 +71,8 @@ impl Objects {
 
     /// The principal that signed `req` (s3s verified the signature).
     pub(super) fn principal<T>(&self, req: &S3Request<T>) -> S3Result<Arc<Principal>> {
+        // Every operation starts here.
+        note(req, |t| t.began = true);
         let Some(credentials) = req.credentials.as_ref() else {
             return Err(error(
                 S3ErrorCode::AccessDenied,
