@@ -4,7 +4,9 @@
 // and the typed check-batch export it replaced), on the workload of
 // benches/check.rs: scope report/july has accepted 0.41, the request presents
 // 0.42 under strict, so each check verifies the stored state and encodes a new
-// one. Prints medians over RUNS timed runs (after a warm-up).
+// one. Prints medians over RUNS timed runs (after a warm-up). `check` crosses
+// through the core module's single-check export; for comparison, the single
+// check through jco's typed `check` (the path it took before).
 //
 //   npm run bench            # or: node bench/bench.mjs [RUNS]
 
@@ -13,6 +15,7 @@ import { Runtime, token } from '../src/index.js';
 const RUNS = Number(process.argv[2] ?? 15);
 const BATCH = 256;
 const guest = new Runtime().instance();
+if (guest._transport !== 'one') throw new Error('the single-check export must be the one measured');
 const first = guest.check(null, { scope: 'report/july', token: token(0, 0, 41) });
 const request = { scope: 'report/july', token: token(0, 0, 42) };
 if (guest.check(first.state, request).outcome !== 'applied') throw new Error('the workload must be applied');
@@ -32,6 +35,7 @@ function timed(fn, calls, checksPerCall) {
 
 const cases = [
   ['single check', () => guest.check(first.state, request), 20000, 1],
+  ["single check via jco's typed check", () => guest._checkComponent(first.state, request), 20000, 1],
   [`checkBatch of ${BATCH} (check-packed), per check`, () => guest.checkBatch(items), 100, BATCH],
   // The typed export, for comparison: jco lowers and lifts every field.
   [`typed check-batch of ${BATCH}, per check`, () => guest._checkBatchTyped(items), 100, BATCH],

@@ -2,9 +2,9 @@
 // Run conformance vector files: prints a line per failing step and ends with
 // `N passed, N failed` (N counts files); exits non-zero on any failure or
 // unreadable file. Same contract as `fencecheck vectors` (Rust). Every file
-// runs through both transports (the typed exports and check-packed) and
-// passes only if it passes through both; `--transport component|packed`
-// runs one.
+// runs through every transport (the typed exports, check-packed, and the
+// single-check export) and passes only if it passes through each;
+// `--transport component|packed|one` runs one.
 
 import { Runtime } from '../src/index.js';
 import { TRANSPORTS, load, run } from '../src/vectors.js';

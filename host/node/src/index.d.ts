@@ -196,6 +196,10 @@ export class TooLarge extends HostError {
   readonly limit: number;
 }
 
+/**
+ * Bounds on every instance. No fuel: V8 cannot meter a synchronous call (the
+ * packaged component needs none: its work is linear in its input).
+ */
 export interface Limits {
   /** Largest total input of one call, in bytes (UTF-16 length * 3 for strings). */
   callBytes: number;
@@ -252,7 +256,12 @@ type U64 = bigint | number;
 /** One instance of the component; replaced after a trap. */
 export class Instance {
   constructor(runtime: Runtime);
-  /** Decide one request (the scope takes unsigned tokens; a signature is ignored); throws FenceError / HostError. */
+  /**
+   * Decide one request (the scope takes unsigned tokens; a signature is
+   * ignored); throws FenceError / HostError. Crosses once, through the core
+   * module's single-check export, when the component has it; else through
+   * jco's typed `check`. Both decide the same.
+   */
   check(state: Uint8Array | null | undefined, request: Request): Decision;
   /**
    * Decide one request on a scope that requires signed tokens, verifying

@@ -15,6 +15,7 @@ import { dirname, join } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import * as generated from '../gen/fencecheck.js';
 import { decode as decodePacked, encode as encodePacked } from './packed.js';
+import { OneCheck, hasOneExports } from './core.js';
 import { WIT_VERSION, coreInterfaces, supported, vet } from './version.js';
 
 const GEN = join(dirname(fileURLToPath(import.meta.url)), '..', 'gen');
@@ -177,10 +178,12 @@ function describeDetail(d) {
 // -- validation: jco wraps out-of-range integers and replaces lone
 // surrogates silently, so every input is checked before it is lowered.
 
-function u64(value, what) {
+// `field`: appended to `what` only in the message (no string is built per call).
+function u64(value, what, field) {
   if (typeof value === 'number' && Number.isSafeInteger(value)) value = BigInt(value);
   if (typeof value !== 'bigint' || value < 0n || value > U64_MAX) {
-    throw new RangeError(`${what} must be an integer in 0..=2^64-1 (bigint or safe number), got ${String(value)}`);
+    const name = field === undefined ? what : `${what}.${field}`;
+    throw new RangeError(`${name} must be an integer in 0..=2^64-1 (bigint or safe number), got ${String(value)}`);
   }
   return value;
 }
@@ -216,7 +219,7 @@ export function token(authority, epoch, counter) {
 
 function lowerToken(t, what = 'token') {
   if (t === null || typeof t !== 'object') throw new TypeError(`${what} must be a token`);
-  return { authority: u64(t.authority, `${what}.authority`), epoch: u64(t.epoch, `${what}.epoch`), counter: u64(t.counter, `${what}.counter`) };
+  return { authority: u64(t.authority, what, 'authority'), epoch: u64(t.epoch, what, 'epoch'), counter: u64(t.counter, what, 'counter') };
 }
 
 function lowerRequest(r) {
@@ -336,7 +339,14 @@ function leaseOutcome(call, o) {
 /** Internal: the result lifting, exported for tests only. */
 export const _lift = Object.freeze({ decision, checkError, leaseOutcome, signedCheckError, signError });
 
-/** Bounds on every instance (no fuel: V8 cannot meter a synchronous call). */
+/**
+ * Bounds on every instance. No fuel, for any component: V8 cannot meter a
+ * synchronous call. The packaged component needs none (its work is linear in
+ * its input, which callBytes bounds; docs/design.md §1, held by the fuzz
+ * target `fuel_bound`), as in the Rust host; a component loaded from
+ * elsewhere (`Runtime.load`) is bounded here by callBytes only, where the
+ * Rust and Python hosts also meter it.
+ */
 export const DEFAULT_LIMITS = Object.freeze({ callBytes: 16 << 20 });
 
 /**
@@ -357,6 +367,8 @@ export class Runtime {
     this.glue = glue;
     this.glueName = glueName;
     this.modules = new Map();
+    // Core modules whose bytes have the single-check exports (core.js).
+    this.oneModules = new WeakSet();
     this.dir = dir;
     /** The loaded component's WIT package version (`0.1.1`), set at load. */
     this.componentVersion = undefined;
@@ -371,8 +383,10 @@ export class Runtime {
   coreModule(path) {
     let module = this.modules.get(path);
     if (!module) {
+      let bytes;
       try {
-        module = new WebAssembly.Module(readFileSync(join(this.dir, path)));
+        bytes = readFileSync(join(this.dir, path));
+        module = new WebAssembly.Module(bytes);
       } catch (cause) {
         throw new ComponentLoadError(`loading ${join(this.dir, path)} (run \`npm run build\`): ${cause.message}`, { cause });
       }
@@ -387,6 +401,7 @@ export class Runtime {
         }
         this.coreVersion = v.version;
       }
+      if (hasOneExports(bytes)) this.oneModules.add(module);
       this.modules.set(path, module);
     }
     return module;
@@ -438,10 +453,24 @@ export class Instance {
 
   #exports;
 
+  // The single-check export of the core instance jco made (core.js), or
+  // null: every check then crosses through jco's glue.
+  #one = null;
+
   #instantiate() {
     let root;
+    const rt = this.runtime;
+    // Every core instance jco makes, through the caller's hook if any: the
+    // single-check path is taken only when there is exactly one.
+    const cores = [];
+    const instantiateCore = (module, imports) => {
+      const instance = rt.instantiateCore ? rt.instantiateCore(module, imports) : new WebAssembly.Instance(module, imports);
+      cores.push({ module, exports: instance?.exports });
+      return instance;
+    };
     try {
-      root = this.runtime.glue.instantiate((path) => this.runtime.coreModule(path), {}, this.runtime.instantiateCore);
+      root = rt.glue.instantiate((path) => rt.coreModule(path), {}, instantiateCore);
+      this.#one = cores.length === 1 && rt.oneModules.has(cores[0].module) ? OneCheck.of(cores[0].exports) : null;
     } catch (cause) {
       if (cause instanceof FencecheckError) throw cause;
       throw new ComponentLoadError(`instantiating the fencecheck component: ${cause.message}`, { cause });
@@ -449,7 +478,6 @@ export class Instance {
     // The glue's interface names are the transpiled component's exports.
     const v = vet(Object.keys(root));
     if (!v.version) throw new UnsupportedComponent(v.found);
-    const rt = this.runtime;
     if (rt.coreVersion !== v.version) {
       throw new ComponentLoadError(
         `the core modules in ${rt.dir} implement fencecheck:fence@${rt.coreVersion ?? '(none)'}, `
@@ -494,20 +522,75 @@ export class Instance {
   }
 
   /**
+   * How `check` and `checkSigned` cross: `'one'` (the core module's
+   * single-check export, one call) or `'component'` (jco's glue). For tests.
+   */
+  get _transport() {
+    return this.#one === null ? 'component' : 'one';
+  }
+
+  /**
    * Decide one request against a scope's stored state (`null`: the scope
    * never accepted a token). Returns the decision; throws FenceError when the
    * check cannot decide, HostError when the component cannot run. The scope
    * is taken not to require signed tokens: `request.signature`, if any, is
    * ignored (checkSigned verifies it).
+   *
+   * Crosses once, as a one-item check-packed batch through the core
+   * module's single-check export, when the component has it (core.js); else
+   * through jco's typed `check` (`_checkComponent`). Both decide the same.
    */
   check(state, request) {
     const s = bytesOrNull(state);
     const r = lowerRequest(request);
     this.#bound('check', requestBytes(s, r));
+    if (this.#one === null) return this.#checkComponent(s, r);
+    const outcome = this.#single('check', { state: s, request: r, keys: undefined });
+    if (outcome instanceof FenceError) throw outcome;
+    return outcome;
+  }
+
+  /** check through jco's typed `check` (the component API), for tests and benchmarks. */
+  _checkComponent(state, request) {
+    const s = bytesOrNull(state);
+    const r = lowerRequest(request);
+    this.#bound('check', requestBytes(s, r));
+    return this.#checkComponent(s, r);
+  }
+
+  #checkComponent(s, r) {
     try {
       return decision(this.#call('check', () => this.#exports.check.check(s, r)));
     } catch (e) {
       if (e?.constructor?.name === 'ComponentError') throw checkError(e.payload);
+      throw e;
+    }
+  }
+
+  // One validated item as a one-item batch through the single-check export
+  // (through jco's check-packed if it does not fit the guest's buffers): its
+  // decision or FenceError (returned). A trap is GuestTrapped and a reply off
+  // the ABI or the format PackedFormatError; either replaces the instance.
+  #single(call, item) {
+    let out;
+    let length;
+    try {
+      length = this.#one.write(item);
+      if (length !== undefined) out = this.#one.cross(length);
+    } catch (e) {
+      this.#instantiate();
+      // Only the guest's call can trap; anything else thrown is the host's.
+      if (e instanceof PackedFormatError || length === undefined) throw e;
+      throw new GuestTrapped(call, e);
+    }
+    if (out === undefined) out = this.#checkPacked(call, encodePacked([item]));
+    if (typeof out === 'string') {
+      throw new PackedFormatError('input', `batch-error \`${out}\` for a ${call}`);
+    }
+    try {
+      return decodePacked(out, [item.keys !== undefined])[0];
+    } catch (e) {
+      if (e instanceof PackedFormatError) this.#instantiate(); // a guest that wrote garbage is not trusted again
       throw e;
     }
   }
@@ -518,16 +601,36 @@ export class Instance {
    * request, then the key set (FenceError `invalid-keys`), then
    * `request.signature` (FenceError `unauthenticated`: `unsigned`,
    * `unknown-key`, `malformed-signature`, `bad-signature`), and only then
-   * reads the state. Crosses as the typed `auth.check-signed`; checkBatch
-   * with keys crosses as check-packed. Throws UnsupportedFeature if the
-   * loaded component predates signed tokens (0.1.0).
+   * reads the state. Crosses as check does (a one-item batch with keys and
+   * signature through the single-check export), else as the typed
+   * `auth.check-signed` (`_checkSignedComponent`); checkBatch with keys
+   * crosses as check-packed. Throws UnsupportedFeature if the loaded
+   * component predates signed tokens (0.1.0).
    */
   checkSigned(state, request, keys) {
-    const auth = this.#auth();
+    this.#auth();
     const s = bytesOrNull(state);
     const r = lowerRequest(request);
     const k = lowerKeys(keys);
     this.#bound('check-signed', requestBytes(s, r, k));
+    if (this.#one === null) return this.#checkSignedComponent(s, r, k);
+    const outcome = this.#single('check-signed', { state: s, request: r, keys: k });
+    if (outcome instanceof FenceError) throw outcome;
+    return outcome;
+  }
+
+  /** checkSigned through jco's typed `auth.check-signed`, for tests and benchmarks. */
+  _checkSignedComponent(state, request, keys) {
+    this.#auth();
+    const s = bytesOrNull(state);
+    const r = lowerRequest(request);
+    const k = lowerKeys(keys);
+    this.#bound('check-signed', requestBytes(s, r, k));
+    return this.#checkSignedComponent(s, r, k);
+  }
+
+  #checkSignedComponent(s, r, k) {
+    const auth = this.#auth();
     try {
       return decision(this.#call('check-signed', () => auth.checkSigned(s, r, r.signature, k)));
     } catch (e) {
@@ -597,8 +700,13 @@ export class Instance {
    * `batch-error` case name (a string). For tests; checkBatch is the API.
    */
   _checkPacked(batch) {
+    return this.#checkPacked('check-packed', batch);
+  }
+
+  // check-packed through jco's glue; a trap is GuestTrapped named `call`.
+  #checkPacked(call, batch) {
     try {
-      return this.#call('check-packed', () => this.#exports.check.checkPacked(batch));
+      return this.#call(call, () => this.#exports.check.checkPacked(batch));
     } catch (e) {
       if (e?.constructor?.name === 'ComponentError') return String(e.payload);
       throw e;

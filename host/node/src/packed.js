@@ -70,7 +70,15 @@ function writeShort(buf, o, bytes) {
  * and then the signature is not sent) into one batch.
  */
 export function encode(items) {
-  // Upper bound on the size: a UTF-16 length * 3 bounds its UTF-8 length.
+  const buf = new Uint8Array(encodedBound(items));
+  return buf.subarray(0, encodeInto(buf, new DataView(buf.buffer), 0, items));
+}
+
+/**
+ * An upper bound on the size of `encode(items)`: a UTF-16 length * 3
+ * bounds its UTF-8 length.
+ */
+export function encodedBound(items) {
   let capacity = 4;
   for (const { state, request: r, keys } of items) {
     capacity += 45 + r.scope.length * 3 + (r.opId === undefined ? 0 : 4 + r.opId.length * 3) + (state === undefined ? 0 : 4 + state.length);
@@ -79,10 +87,18 @@ export function encode(items) {
       if (r.signature !== undefined) capacity += 9 + r.signature.leaseId.length * 3 + r.signature.tag.length;
     }
   }
-  const buf = new Uint8Array(capacity);
-  const dv = new DataView(buf.buffer);
-  dv.setUint32(0, items.length, true);
-  let o = 4;
+  return capacity;
+}
+
+/**
+ * `encode(items)` written into `buf` (with `dv` a DataView of the same
+ * buffer) from offset `start`, where at least `encodedBound(items)` bytes
+ * are free (the single-check path writes straight into the guest's input
+ * buffer: core.js). Returns the offset after the batch.
+ */
+export function encodeInto(buf, dv, start, items) {
+  dv.setUint32(start, items.length, true);
+  let o = start + 4;
   for (const { state, request: r, keys } of items) {
     const t = r.token;
     let flags = r.policy === 'allow-equal' ? ALLOW_EQUAL : 0;
@@ -124,7 +140,7 @@ export function encode(items) {
       }
     }
   }
-  return buf.subarray(0, o);
+  return o;
 }
 
 /**

@@ -15,8 +15,10 @@
 // a check without `keys` may carry too: check ignores it. A `sign` step
 // expects `signed` with its exact `tag` (hex), or an error.
 //
-// Two transports: `component` (check / checkSigned, the typed exports) and
-// `packed` (every check as a one-item checkBatch: check-packed).
+// Three transports: `component` (jco's typed check / auth.check-signed:
+// `_checkComponent`, `_checkSignedComponent`), `packed` (every check as a
+// one-item checkBatch: check-packed) and `one` (check / checkSigned as they
+// cross by default: the core module's single-check export).
 
 import { readFileSync } from 'node:fs';
 import { isInteger, parse as losslessParse } from 'lossless-json';
@@ -35,7 +37,7 @@ const CHECK_KEYS = ['scope', 'token', 'authority', 'policy', 'op_id', 'expected_
 const EXPECT_KEYS = ['outcome', 'version', 'highest', 'presented', 'expected', 'actual', 'error', 'reason', 'token', 'expires_at', 'holder', 'epoch', 'tag'];
 const ACTIONS = ['check', 'sign', 'damage', 'acquire', 'renew', 'release', 'restore'];
 const SIGN_KEYS = ['scope', 'token', 'authority', 'lease_id', 'key'];
-export const TRANSPORTS = Object.freeze(['component', 'packed']);
+export const TRANSPORTS = Object.freeze(['component', 'packed', 'one']);
 const LEASE_KEYS = {
   acquire: ['lock', 'lease_id', 'now', 'ttl', 'authority', 'epoch_floor'],
   renew: ['lease_id', 'token', 'authority', 'now', 'ttl'],
@@ -342,7 +344,8 @@ function runLease(action, args, state, guest) {
 function runCheck(guest, transport, state, request, keys) {
   if (transport === 'packed') return guest.checkBatch([[state, request, keys]])[0];
   try {
-    return keys === undefined ? guest.check(state, request) : guest.checkSigned(state, request, keys);
+    if (transport === 'one') return keys === undefined ? guest.check(state, request) : guest.checkSigned(state, request, keys);
+    return keys === undefined ? guest._checkComponent(state, request) : guest._checkSignedComponent(state, request, keys);
   } catch (e) {
     if (e instanceof FenceError) return e;
     throw e;
@@ -360,7 +363,7 @@ function runSign(guest, args) {
 
 /**
  * Run a parsed file; returns one line per failing step (empty: passed).
- * `transport`: `component` (default) or `packed` (see the top of this file).
+ * `transport`: `component` (default), `packed` or `one` (see the top of this file).
  */
 export function run(file, guest, { transport = 'component' } = {}) {
   if (!TRANSPORTS.includes(transport)) throw new RangeError(`unknown transport ${String(transport)}`);

@@ -120,7 +120,8 @@ test('missing component fails to load', () => {
 
 // A trap inside the guest is GuestTrapped and the instance is replaced. V8
 // has no fuel, so the trap is injected where a real one surfaces: the core
-// export throws WebAssembly.RuntimeError, once.
+// export throws WebAssembly.RuntimeError, once; through each way a check
+// crosses (the single-check export, jco's typed check).
 test('a trap is GuestTrapped and the instance recovers', () => {
   let armed = false;
   let instantiations = 0;
@@ -129,7 +130,7 @@ test('a trap is GuestTrapped and the instance recovers', () => {
     const { exports } = new WebAssembly.Instance(module, imports);
     const wrapped = { ...exports };
     for (const [name, f] of Object.entries(exports)) {
-      if (name.endsWith('#check') && typeof f === 'function') {
+      if ((name.endsWith('#check') || name === 'fencecheck-one') && typeof f === 'function') {
         wrapped[name] = (...args) => {
           if (armed) { armed = false; throw new WebAssembly.RuntimeError('unreachable'); }
           return f(...args);
@@ -139,11 +140,14 @@ test('a trap is GuestTrapped and the instance recovers', () => {
     return { exports: wrapped };
   };
   const g = new Runtime({ instantiateCore }).instance();
-  const before = instantiations;
-  armed = true;
-  assert.throws(() => g.check(null, req(1)), (e) => e instanceof GuestTrapped && e.call === 'check' && e.retryable);
-  assert.equal(instantiations, before + 1, 'the instance was replaced');
-  assert.equal(g.check(null, req(1)).outcome, 'applied');
+  assert.equal(g._transport, 'one', 'the single-check export is reached through a wrapping hook too');
+  for (const check of [(s, r) => g.check(s, r), (s, r) => g._checkComponent(s, r)]) {
+    const before = instantiations;
+    armed = true;
+    assert.throws(() => check(null, req(1)), (e) => e instanceof GuestTrapped && e.call === 'check' && e.retryable);
+    assert.equal(instantiations, before + 1, 'the instance was replaced');
+    assert.equal(check(null, req(1)).outcome, 'applied');
+  }
 });
 
 // A decision, check-error or lease case outside the contract is a HostError, never a refusal or a guessed outcome.

@@ -1,6 +1,8 @@
 // check-packed: the byte codec against hand-built bytes (wit/fence.wit), and
 // random batches that must decide identically through typed check-batch,
-// check-packed and single checks.
+// check-packed and single checks; the single-check export (guest/src/one.rs)
+// against jco's typed check, and what the single-check path makes of a
+// guest that answers off the ABI.
 
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -9,6 +11,7 @@ import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { FenceError, HostError, PackedFormatError, Runtime, TooLarge, GuestTrapped, U64_MAX, WIT_VERSION, token } from '../src/index.js';
 import { decode, encode } from '../src/packed.js';
+import { ONE, ONE_INPUT, OneCheck, coreExports, hasOneExports } from '../src/core.js';
 import { parseJson, parseRequest } from '../src/vectors.js';
 
 const here = dirname(fileURLToPath(import.meta.url));
@@ -249,6 +252,170 @@ test('random batches agree with typed batch and single checks', () => {
     'scope-mismatch/', 'foreign-authority/', 'exhausted/',
     ...REASONS.map((x) => `invalid-request/${x}`), ...DAMAGE.map((x) => `corrupt-state/${x}`)];
   assert.deepEqual(every.filter((k) => !seen.has(k)), [], 'every outcome and error kind is reached');
+});
+
+function outcomeOf(f) {
+  try {
+    return key(f());
+  } catch (e) {
+    if (e instanceof FenceError) return key(e);
+    throw e;
+  }
+}
+
+// check through the core module's single-check export decides exactly as
+// jco's typed check and a one-item check-packed batch do (decision, error
+// and state bytes), on random pairs (damaged states, every outcome and error
+// kind), every crafted vector state, and inputs too large for the guest's
+// static buffers (which take check-packed).
+test('the single-check export agrees with the component API', () => {
+  const g = runtime.instance();
+  assert.equal(g._transport, 'one', 'the single-check export must be the one under test');
+  const r = rng(20261203);
+  const crafted = craftedStates();
+  const pool = SCOPES.slice(0, 5).map((s) => [null, s, 0n]);
+  for (const scope of SCOPES.slice(0, 5)) {
+    let state = null;
+    for (let c = 1n; c <= 5n; c++) {
+      state = g.check(state, { scope, token: token(0, 0, c), policy: 'allow-equal', opId: `op-${c % 3n}` }).state;
+      pool.push([state, scope, c]);
+    }
+  }
+  const items = [...crafted];
+  for (let round = 0; round < 30; round++) items.push(...randomItems(r, crafted, pool));
+  const big = pool.find(([s]) => s !== null)[0];
+  items.push(
+    [Uint8Array.from([...big, ...new Uint8Array(20000)]), { scope: 'report/july', token: token(0, 0, 9) }],
+    [null, { scope: 'x'.repeat(17000), token: token(0, 0, 1) }],
+    [big, { scope: pool[6][1], token: token(0, 0, 9), opId: 'o'.repeat(16400) }],
+  );
+  const seen = new Set();
+  for (const [s, req] of items) {
+    const one = outcomeOf(() => g.check(s, req));
+    assert.deepEqual(outcomeOf(() => g._checkComponent(s, req)), one);
+    assert.deepEqual(outcomeOf(() => g.checkBatch([[s, req]])[0]), one);
+    seen.add(one[0] === 'error' ? one[1] : one[1].outcome);
+  }
+  const every = ['applied', 'duplicate', 'stale-fence', 'version-conflict', 'invalid-request', 'corrupt-state',
+    'unsupported-state-version', 'scope-mismatch', 'foreign-authority', 'exhausted'];
+  assert.deepEqual(every.filter((k) => !seen.has(k)), []);
+});
+
+// A stand-in core module with the single-check exports, assembled here (no
+// WAT compiler in the dependencies): `fencecheck-one-input` answers `input`,
+// `fencecheck-one` answers `answer` whatever it is given, `data` is at 200.
+function sleb(v) {
+  const out = [];
+  for (let x = BigInt(v); ;) {
+    const byte = Number(x & 0x7fn);
+    x >>= 7n;
+    if ((x === 0n && !(byte & 0x40)) || (x === -1n && byte & 0x40)) return [...out, byte];
+    out.push(byte | 0x80);
+  }
+}
+const vec = (items) => [items.length, ...items.flat()];
+const name = (s) => vec([...Buffer.from(s)]);
+const section = (id, body) => [id, ...leb(body.length), ...body];
+function leb(n) {
+  const out = [];
+  do {
+    out.push((n & 0x7f) | (n >= 0x80 ? 0x80 : 0));
+    n >>>= 7;
+  } while (n > 0);
+  return out;
+}
+function fakeOne(input, answer, { oneType = [[0x7f], [0x7e]], data = 'one' } = {}) {
+  const body = (v) => { const code = [0, 0x42, ...sleb(v), 0x0b]; return [code.length, ...code]; };
+  return Uint8Array.from([
+    0, 0x61, 0x73, 0x6d, 1, 0, 0, 0,
+    ...section(1, vec([[0x60, ...vec([]), ...vec([0x7e])], [0x60, ...vec(oneType[0]), ...vec(oneType[1])]])),
+    ...section(3, vec([[0], [1]])),
+    ...section(5, vec([[0, 1]])),
+    ...section(7, vec([[...name('memory'), 2, 0], [...name(ONE_INPUT), 0, 0], [...name(ONE), 0, 1]])),
+    ...section(10, vec([body(input), body(answer)])),
+    ...section(11, vec([[0, 0x41, ...sleb(200), 0x0b, ...vec([...Buffer.from(data)])]])),
+  ]);
+}
+const region = (at, length) => (BigInt(at) << 32n) | BigInt(length);
+
+// The single-check export's buffer and answer are bounds-checked, never
+// trusted: an input buffer outside memory disables the export, an answer
+// outside memory is PackedFormatError, -1 is malformed, -2 (or a batch larger
+// than the buffer) is left to check-packed (undefined).
+test('the single-check path checks what the guest returns', () => {
+  const cases = [
+    [region(4096, 256), region(200, 3), 1, 'one'], // control: a well-formed answer
+    [region(4096, 256), -1n, 1, 'malformed'],
+    [region(4096, 256), -2n, 1, undefined], // does not fit the guest's buffers
+    [region(4096, 256), region(200, 3), 257, undefined], // larger than the input buffer
+    [region(65536 - 8, 256), region(200, 3), 1, null], // input buffer outside memory: never used
+    [region(4096, 256), region(65536 - 2, 3), 1, 'error'], // answer runs past the end of memory
+    [region(4096, 256), region(2 ** 31 - 1, 2), 1, 'error'], // answer outside memory
+    [region(4096, 256), -3n, 1, 'error'], // a negative answer that is no case
+    [region(4096, 256), -(2n ** 63n), 1, 'error'], // the sign bit: outside a wasm32 memory
+  ];
+  for (const [input, answer, n, want] of cases) {
+    const bytesIn = fakeOne(input, answer);
+    assert.ok(hasOneExports(bytesIn));
+    const { exports } = new WebAssembly.Instance(new WebAssembly.Module(bytesIn), {});
+    const one = OneCheck.of(exports);
+    if (want === null) {
+      assert.equal(one, null);
+      continue;
+    }
+    const batch = new Uint8Array(n).fill(7);
+    if (want === 'error') {
+      assert.throws(() => one.call(batch), (e) => e instanceof PackedFormatError && e.side === 'output', String(answer));
+      continue;
+    }
+    const out = one.call(batch);
+    assert.deepEqual(typeof out === 'object' ? Buffer.from(out).toString() : out, want, String(answer));
+    if (n <= 256) assert.deepEqual(new Uint8Array(exports.memory.buffer, 4096, n), batch, 'the batch is in the input buffer');
+  }
+});
+
+// Single-check exports of another core type, a module with imports, or bytes
+// that are no core module: the path is not taken (jco's glue serves checks).
+test('single-check exports of another shape are not used', () => {
+  assert.ok(hasOneExports(fakeOne(region(4096, 256), 0n)));
+  for (const oneType of [[[0x7e], [0x7e]], [[0x7f], [0x7f]], [[0x7f, 0x7f], [0x7e]], [[0x7f], []]]) {
+    assert.equal(hasOneExports(fakeOne(region(4096, 256), 0n, { oneType })), false, JSON.stringify(oneType));
+  }
+  const good = fakeOne(region(4096, 256), 0n);
+  // An import section with one function import (the module would need it satisfied).
+  const imp = Uint8Array.from([...good.subarray(0, 8), ...section(2, vec([[...name('m'), ...name('f'), 0, 0]])), ...good.subarray(8)]);
+  assert.equal(coreExports(imp), null);
+  assert.equal(coreExports(good.subarray(0, good.length - 3)), null);
+  assert.equal(coreExports(Uint8Array.from([0, 0x61, 0x73, 0x6d, 0x0d, 0, 1, 0])), null, 'a component, not a core module');
+  // A hook that hides the export: checks cross through jco, and decide the same.
+  const hidden = new Runtime({
+    instantiateCore: (module, imports) => {
+      const { exports } = new WebAssembly.Instance(module, imports);
+      const { [ONE]: _, ...rest } = exports;
+      return { exports: rest };
+    },
+  }).instance();
+  assert.equal(hidden._transport, 'component');
+  const g = runtime.instance();
+  const first = g.check(null, { scope: 's', token: token(0, 0, 1) });
+  assert.deepEqual(hidden.check(first.state, { scope: 's', token: token(0, 0, 2) }), g.check(first.state, { scope: 's', token: token(0, 0, 2) }));
+});
+
+// A guest whose single-check answer the decoder cannot read (cut short) is a
+// PackedFormatError, the instance is replaced, and the next check works.
+test('malformed single-check output is a host error', () => {
+  let cut = false;
+  const g = new Runtime({
+    instantiateCore: (module, imports) => {
+      const { exports } = new WebAssembly.Instance(module, imports);
+      return { exports: { ...exports, [ONE]: (n) => { const ret = exports[ONE](n); return cut && ret > 0n ? ret - 1n : ret; } } };
+    },
+  }).instance();
+  assert.equal(g._transport, 'one');
+  cut = true;
+  assert.throws(() => g.check(null, { scope: 's', token: token(0, 0, 1) }), (e) => e instanceof PackedFormatError && e.side === 'output');
+  cut = false;
+  assert.equal(g.check(null, { scope: 's', token: token(0, 0, 1) }).outcome, 'applied');
 });
 
 // The component's side of the format: each malformation the WIT names is

@@ -1,6 +1,7 @@
-// The Node vector runner: every shared vector passes through both transports
-// (typed exports and check-packed), and the runner really fails on a wrong
-// expectation or a malformed file (same contract as Rust's).
+// The Node vector runner: every shared vector passes through every transport
+// (typed exports, check-packed, the single-check export), and the runner
+// really fails on a wrong expectation or a malformed file (same contract as
+// Rust's).
 
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -31,7 +32,7 @@ for (const path of FILES) {
 
 // The signed steps are really compared: a wrong tag on a sign step, a wrong
 // reason on a signed check, and keys dropped from a check (so the forged
-// token would be applied) each fail, through both transports.
+// token would be applied) each fail, through every transport.
 test('wrong signed expectations fail', () => {
   const text = readFileSync(join(VECTORS, 'signed-grant-is-applied.json'), 'utf8');
   const forged = readFileSync(join(VECTORS, 'signed-forged-maximum-token-is-refused.json'), 'utf8');

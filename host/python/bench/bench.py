@@ -6,6 +6,12 @@ has accepted 0.41, the request presents 0.42 under strict, so each check
 verifies the stored state and encodes a new one. Prints medians over RUNS timed
 runs (after a warm-up).
 
+``check`` crosses through the core module's single-check export, without
+fuel (the packaged component); for comparison, the same calls on a metered
+runtime (``Runtime(metered=True)``: the packaged component with fuel, as a
+component loaded from a path runs) and the single check through the typed
+``check`` export (wasmtime's component API, the path ``check`` took before).
+
     python3 host/python/bench/bench.py [RUNS]
 """
 
@@ -36,13 +42,19 @@ def via_component_api(guest: fc.Instance, items: list) -> list:
 
 def main() -> None:
     guest = fc.Runtime().instance()
+    assert not guest._runtime.metered and guest._runtime._one, "the packaged component: unmetered, single-check export"
+    metered = fc.Runtime(metered=True).instance()
     first = guest.check(None, fc.Request("report/july", fc.Token(0, 0, 41)))
     request = fc.Request("report/july", fc.Token(0, 0, 42))
     assert isinstance(guest.check(first.state, request), fc.Applied), "the workload must be applied"
     items = [(first.state, request)] * BATCH
     cases = [
         ("single check", lambda: guest.check(first.state, request), 2000, 1),
+        ("single check, metered", lambda: metered.check(first.state, request), 2000, 1),
+        ("single check via the typed check (component API), metered",
+         lambda: metered._check_typed(first.state, request), 2000, 1),
         (f"check_batch of {BATCH} (check-packed), per check", lambda: guest.check_batch(items), 8, BATCH),
+        (f"check_batch of {BATCH} (check-packed), metered, per check", lambda: metered.check_batch(items), 8, BATCH),
         # For comparison: check-packed through wasmtime's component API (one
         # C-API value per byte) instead of the core module, and the typed
         # export (one C-API value per field).

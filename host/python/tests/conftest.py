@@ -8,6 +8,9 @@ import fencecheck as fc
 
 REPO = Path(__file__).resolve().parents[3]
 VECTORS = REPO / "tests" / "vectors"
+# The packaged component as a file: Runtime(PACKAGED) loads the same bytes
+# from a path, which is always metered (Runtime() is not).
+PACKAGED = Path(fc.__file__).resolve().parent / "fencecheck.wasm"
 
 
 @pytest.fixture(scope="session")

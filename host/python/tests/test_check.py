@@ -5,6 +5,8 @@ import pytest
 
 import fencecheck as fc
 
+from conftest import PACKAGED
+
 U64 = 2**64 - 1
 
 
@@ -122,16 +124,80 @@ def test_bad_python_values_are_refused_before_the_guest():
         fc.Request("s", fc.Token(0, 0, 1), policy="loose")
 
 
-def test_a_trap_is_guest_trapped_and_the_instance_recovers(runtime):
-    """Fuel exhaustion raises GuestTrapped; the replaced instance then works."""
-    starving = fc.Runtime(limits=fc.Limits(fuel_per_check=50)).instance()
-    with pytest.raises(fc.GuestTrapped) as e:
-        starving.check(None, req(1))
-    assert e.value.call == "check" and e.value.retryable
+STARVING = fc.Limits(fuel_per_check=50, fuel_per_input_byte=0)
+"""A fuel budget no check fits in: traps any metered runtime."""
+
+
+def test_a_trap_is_guest_trapped_and_the_instance_recovers():
+    """Fuel exhaustion raises GuestTrapped, through each transport; the
+    replaced instance then works. (A component loaded from a path is
+    metered; the packaged one is not, below.)"""
+    starving = fc.Runtime(PACKAGED, limits=STARVING).instance()
+    assert starving._runtime._one, "the single-check export must be among the transports under test"
+    for call in (starving.check, starving._check_typed):
+        with pytest.raises(fc.GuestTrapped) as e:
+            call(None, req(1))
+        assert e.value.call == "check" and e.value.retryable
     with pytest.raises(fc.GuestTrapped):
         starving.check_batch([(None, req(1))])
     starving._runtime.limits = fc.Limits()
     assert isinstance(starving.check(None, req(1)), fc.Applied)
+
+
+def test_only_the_packaged_component_runs_without_fuel():
+    """The Rust host's rule: the packaged component (Runtime(), or bytes
+    equal to it) is unmetered, so a budget that traps a metered runtime does
+    not stop it; a path (even to the very same bytes), other bytes, or
+    metered=True are metered, and metered=False is refused for them. Fails
+    if fuel were off for a path-loaded component."""
+    packaged = PACKAGED.read_bytes()
+    unmetered = [fc.Runtime(limits=STARVING), fc.Runtime(component=packaged, limits=STARVING),
+                 fc.Runtime(limits=STARVING, metered=False)]
+    for rt in unmetered:
+        assert rt.metered is False
+        guest = rt.instance()
+        d = guest.check(None, req(1))
+        assert isinstance(d, fc.Applied)
+        assert isinstance(guest.check_batch([(d.state, req(2))])[0], fc.Applied)
+        assert isinstance(guest._check_typed(d.state, req(2)), fc.Applied)
+        assert guest.inspect(d.state).version == 1
+    name = b"fencecheck-test"
+    other = packaged + bytes([0, len(name) + 2, len(name)]) + name + b"x"  # a custom section: other bytes
+    metered = [fc.Runtime(PACKAGED, limits=STARVING), fc.Runtime(component=other, limits=STARVING),
+               fc.Runtime(limits=STARVING, metered=True)]
+    for rt in metered:
+        assert rt.metered is True
+        guest = rt.instance()
+        for call in (guest.check, guest._check_typed):
+            with pytest.raises(fc.GuestTrapped):
+                call(None, req(1))
+        with pytest.raises(fc.GuestTrapped):
+            guest.check_batch([(None, req(1))])
+        with pytest.raises(fc.GuestTrapped):
+            guest.inspect(b"\x01\x02")
+    for refused in (lambda: fc.Runtime(PACKAGED, metered=False), lambda: fc.Runtime(component=other, metered=False)):
+        with pytest.raises(ValueError, match="only the packaged component"):
+            refused()
+
+
+def test_a_metered_runtime_decides_as_the_packaged_one(runtime):
+    """Default limits never starve a metered runtime on inputs within
+    call_bytes: fuel per check plus fuel per input byte covers the
+    documented cost bound, including long inputs that take check-packed
+    (larger than the single-check buffer) and are refused by the guest."""
+    metered = fc.Runtime(PACKAGED).instance()
+    unmetered = runtime.instance()
+    state = unmetered.check(None, req(1, op_id="o")).state
+    cases = [(None, req(1)), (state, req(2)), (None, req(1, scope="é" * 1_000_000)),
+             (b"\x00" * 200_000, req(1)), (state, req(3, op_id="ö" * 50_000))]
+    for s, r in cases:
+        got = []
+        for guest in (metered, unmetered):
+            try:
+                got.append(guest.check(s, r))
+            except fc.FenceError as e:
+                got.append(repr(e))
+        assert got[0] == got[1], (r.scope[:10], got)
 
 
 def test_oversized_call_is_refused_before_the_guest():

@@ -1,6 +1,8 @@
 """check-packed: the byte codec against hand-built bytes (wit/fence.wit), and
 random batches that must decide identically through typed check-batch,
-check-packed and single checks."""
+check-packed and single checks; the single-check export (guest/src/one.rs)
+against the component API's typed check, and what the core transports make
+of a guest that answers off the ABI."""
 
 import ctypes
 import importlib.resources
@@ -15,7 +17,7 @@ import fencecheck as fc
 from fencecheck import _core, _packed
 from fencecheck.vectors import parse_request
 
-from conftest import VECTORS
+from conftest import PACKAGED, VECTORS
 
 U64 = 2**64 - 1
 
@@ -255,6 +257,62 @@ def test_random_batches_agree_with_typed_batch_and_single_checks(guest):
     assert every <= seen, f"not reached: {sorted(every - seen)}"
 
 
+def every_way(guest, metered, state, request) -> list[tuple]:
+    """One check through every way it can cross, each outcome as ``key``:
+    the single-check export (``check``), a one-item check-packed batch on the
+    core module, the typed ``check`` (the component API), and ``check`` on a
+    metered runtime (the same bytes loaded from a path)."""
+    batch, _, _ = _packed.encode([(state, request)])
+    ways = (
+        lambda: guest.check(state, request),
+        lambda: guest._check_one("check", batch, signed=False, single=False),
+        lambda: guest._check_typed(state, request),
+        lambda: metered.check(state, request),
+    )
+    out = []
+    for way in ways:
+        try:
+            out.append(key(way()))
+        except fc.FenceError as e:
+            out.append(key(e))
+    return out
+
+
+def test_the_single_check_export_agrees_with_the_component_api(guest):
+    """``check`` through the core module's single-check export decides
+    exactly as check-packed, the typed ``check`` and a metered runtime do
+    (decision, error and state bytes), on random pairs (damaged states,
+    every outcome and error kind), every crafted vector state, and inputs
+    too large for the guest's static buffers (which take check-packed)."""
+    assert guest._runtime._one, "the single-check export must be the one under test"
+    metered = fc.Runtime(PACKAGED).instance()
+    assert metered._runtime.metered and not guest._runtime.metered
+    rng = random.Random(20261203)
+    crafted = crafted_states()
+    pool: list[tuple[bytes | None, str, int]] = [(None, s, 0) for s in SCOPES[:5]]
+    for scope in SCOPES[:5]:
+        state = None
+        for counter in range(1, 6):
+            r = fc.Request(scope, fc.Token(0, 0, counter), fc.Policy.ALLOW_EQUAL, op_id=f"op-{counter % 3}")
+            state = guest.check(state, r).state
+            pool.append((state, scope, counter))
+    seen = set()
+    items = list(crafted)
+    for _ in range(30):
+        items += random_items(rng, crafted, pool)
+    # Larger than the 16 KiB input buffer: the guest answers -2 and check-packed decides.
+    big_state = next(s for s, _, _ in pool if s is not None)
+    items += [(big_state + bytes(20_000), fc.Request("report/july", fc.Token(0, 0, 9))),
+              (None, fc.Request("x" * 17_000, fc.Token(0, 0, 1))),
+              (big_state, fc.Request(pool[6][1], fc.Token(0, 0, 9), op_id="o" * 16_400))]
+    for state, request in items:
+        one, *others = every_way(guest, metered, state, request)
+        assert all(o == one for o in others), (request, one, others)
+        seen.add(one[0])
+    assert {"Applied", "Duplicate", "StaleFence", "VersionConflict", "InvalidRequest", "CorruptState",
+            "UnsupportedStateVersion", "ScopeMismatch", "ForeignAuthority", "Exhausted"} <= seen, seen
+
+
 def test_the_guest_refuses_malformed_input_as_batch_error(guest, monkeypatch):
     """The component's side of the format: each malformation the WIT names is
     `batch-error malformed`, which the host raises as PackedFormatError."""
@@ -273,6 +331,7 @@ def test_the_guest_refuses_malformed_input_as_batch_error(guest, monkeypatch):
     for what, raw in bad.items():
         assert raw != good, what
         assert guest._check_packed(raw, 1) == "malformed", what
+        assert guest._check_packed(raw, 1, single=True) == "malformed", what  # the single-check export's -1
         assert guest._check_packed(raw, 1, component_api=True) == "malformed", what
     assert guest._check_packed(le(0, 4), 0) == le(0, 4)
     # Through the public API: a broken encoder is a HostError, never an outcome.
@@ -338,6 +397,77 @@ def test_core_transport_checks_what_the_guest_returns(ret, area, want):
         assert e.value.side == "output"
 
 
+def fake_one(input_at: int, capacity: int, answer: int, pages: int = 1) -> str:
+    """A stand-in core module with check-packed's exports (answering the
+    ok result at 100, "abc") and the single-check exports: its input buffer
+    at ``input_at`` of ``capacity`` bytes, and ``fencecheck-one`` answering
+    ``answer`` whatever the input."""
+    return f"""(module
+  (memory (export "memory") {pages})
+  (data (i32.const 64) "\\00\\00\\00\\00\\64\\00\\00\\00\\03\\00\\00\\00")
+  (data (i32.const 100) "abc")
+  (data (i32.const 200) "one")
+  (func (export "cabi_realloc") (param i32 i32 i32 i32) (result i32) i32.const 1024)
+  (func (export "{_core.EXPORT}") (param i32 i32) (result i32) i32.const 64)
+  (func (export "{_core.POST_RETURN}") (param i32))
+  (func (export "{_core.ONE_INPUT}") (result i64) i64.const {(input_at << 32) | capacity})
+  (func (export "{_core.ONE}") (param i32) (result i64) i64.const {answer}))"""
+
+
+@pytest.mark.parametrize(
+    ("input_at", "capacity", "answer", "batch", "want"),
+    [
+        (4096, 256, (200 << 32) | 3, b"x", b"one"),  # control: a well-formed answer
+        (4096, 256, -1, b"x", "malformed"),  # control: malformed
+        (4096, 256, -2, b"x", b"abc"),  # does not fit the guest's buffers: check-packed answers
+        (4096, 256, (200 << 32) | 3, b"x" * 257, b"abc"),  # larger than the input buffer: check-packed
+        (65536 - 8, 256, (200 << 32) | 3, b"x", b"abc"),  # input buffer outside memory: never used
+        (4096, 256, ((65536 - 2) << 32) | 3, b"x", None),  # answer runs past the end of memory
+        (4096, 256, (2**31 - 1) << 32 | 2, b"x", None),  # answer outside memory
+        (4096, 256, -3, b"x", None),  # a negative answer that is no case
+        (4096, 256, -(2**63), b"x", None),  # the sign bit: outside a wasm32 memory
+    ],
+)
+def test_single_check_export_checks_what_the_guest_returns(input_at, capacity, answer, batch, want):
+    """The single-check export's buffer and answer are bounds-checked, never
+    trusted: an input buffer outside memory disables the export, an answer
+    outside memory is PackedFormatError, -1 is malformed, -2 (or a batch
+    larger than the buffer) goes through check-packed."""
+    engine = wasmtime.Engine()
+    store = wasmtime.Store(engine)
+    module = wasmtime.Module(engine, wasmtime.wat2wasm(fake_one(input_at, capacity, answer)))
+    assert _core.has_one(module)
+    packed = _core.Packed(store, module, one=True)
+    assert packed.has_one == (input_at + capacity <= 65536)
+    if want is not None:
+        assert packed.call_one(batch) == want
+    else:
+        with pytest.raises(fc.PackedFormatError) as e:
+            packed.call_one(batch)
+        assert e.value.side == "output"
+    if packed.has_one and len(batch) <= capacity:  # the batch was copied into the input buffer
+        base = ctypes.addressof(packed._memory.data_ptr(store).contents)
+        assert ctypes.string_at(base + input_at, len(batch)) == batch
+
+
+def test_single_check_exports_of_another_type_are_not_used():
+    """``fencecheck-one`` or its input export with another core type: the
+    module keeps the three-call check-packed path (``has_one`` is false), as
+    the Rust host's ``CoreModule::checked``."""
+    engine = wasmtime.Engine()
+    good = fake_one(4096, 256, 3)
+    for bad in (
+        good.replace("(param i32) (result i64) i64.const", "(param i64) (result i64) i64.const"),
+        good.replace("(param i32) (result i64) i64.const", "(param i32) (result i32) i32.const"),
+        good.replace("(result i64) i64.const 17592186044672", "(result i32) i32.const 256"),
+        good.replace(f'(export "{_core.ONE}")', ""),
+    ):
+        assert bad != good
+        module = wasmtime.Module(engine, wasmtime.wat2wasm(bad))
+        assert _core.checked(module) is not None and not _core.has_one(module)
+    assert _core.has_one(wasmtime.Module(engine, wasmtime.wat2wasm(good)))
+
+
 def test_core_module_is_used_only_for_the_expected_shape():
     """Not a component, a truncated one, or a core module without the exports:
     no fast transport (the component API is used instead)."""
@@ -357,11 +487,12 @@ def test_core_module_is_used_only_for_the_expected_shape():
 
 
 def test_packed_batch_is_bounded_and_fuelled(runtime):
-    """call_bytes and fuel bound check-packed as they bound check."""
+    """call_bytes bounds check-packed as it bounds check; fuel bounds it on a
+    metered runtime (a component loaded from a path)."""
     small = fc.Runtime(limits=fc.Limits(call_bytes=16)).instance()
     with pytest.raises(fc.TooLarge):
         small.check_batch([(b"x" * 17, fc.Request("s", fc.Token(0, 0, 1)))])
-    starving = fc.Runtime(limits=fc.Limits(fuel_per_check=50)).instance()
+    starving = fc.Runtime(PACKAGED, limits=fc.Limits(fuel_per_check=50, fuel_per_input_byte=0)).instance()
     with pytest.raises(fc.GuestTrapped) as e:
         starving.check_batch([(None, fc.Request("s", fc.Token(0, 0, 1)))])
     assert e.value.call == "check-packed"

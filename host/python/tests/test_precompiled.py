@@ -1,6 +1,8 @@
 """Precompiled artifacts: used when they match, never deserialized when they
 do not (corrupted, made for another wasmtime-py, engine or component, or
-writable by others), and a runtime that compiled instead decides the same."""
+writable by others), and a runtime that compiled instead decides the same.
+The packaged component's artifacts are made without fuel (it runs
+unmetered); a metered runtime uses only artifacts made with fuel."""
 
 import hashlib
 import os
@@ -17,6 +19,8 @@ from wasmtime import component as wc
 import fencecheck as fc
 from fencecheck import _precompiled as pre
 from fencecheck._guest import _default_component
+
+from conftest import PACKAGED
 
 
 OTHER_ARCH = "aarch64" if pre.host_platform()[0] == "x86_64" else "x86_64"
@@ -135,7 +139,7 @@ def test_a_truncated_artifact_is_never_deserialized(artifacts, no_deserialize):
     ("key", "value", "match"),
     [
         ("wasmtime", "49.0.0", "made by wasmtime-py 49.0.0"),
-        ("engine", "consume_fuel=False", "engine settings"),
+        ("engine", "consume_fuel=True", "engine settings"),
         ("fencecheck-precompiled", "1", "manifest format"),
         ("component-artifact", "0" * 64, "does not match its SHA-256"),
         ("target", f"{OTHER_ARCH}-unknown-linux-gnu", f"machine code for {OTHER_ARCH}-unknown-linux-gnu, running on"),
@@ -175,12 +179,14 @@ def test_artifacts_of_another_component_are_ignored_silently(made, no_deserializ
 
 def test_wasmtime_refuses_what_the_hashes_cannot_catch(artifacts):
     """An artifact that hashes as recorded but was made for another engine
-    (no fuel) or is the wrong kind (the core module where the component
-    belongs): wasmtime's own checks refuse it, and the component compiles."""
-    engine = wasmtime.Engine()  # no consume_fuel
-    unfueled = bytes(wc.Component(engine, _default_component()).serialize())
-    (artifacts / pre.COMPONENT_ARTIFACT).write_bytes(unfueled)
-    set_line(artifacts, "component-artifact", hashlib.sha256(unfueled).hexdigest())
+    (with fuel, for the unmetered packaged component) or is the wrong kind
+    (the core module where the component belongs): wasmtime's own checks
+    refuse it, and the component compiles."""
+    config = wasmtime.Config()
+    config.consume_fuel = True
+    fueled = bytes(wc.Component(wasmtime.Engine(config), _default_component()).serialize())
+    (artifacts / pre.COMPONENT_ARTIFACT).write_bytes(fueled)
+    set_line(artifacts, "component-artifact", hashlib.sha256(fueled).hexdigest())
     decides(compiled_with_warning("wasmtime refused them", precompiled=artifacts))
 
     core = (artifacts / pre.CORE_ARTIFACT).read_bytes()
@@ -217,6 +223,7 @@ def test_when_compiling_fails_too_the_load_error_is_raised(artifacts, no_deseria
     refusal is warned about and the usual ComponentLoadError raised."""
     broken = b"\0asm\x0d\x00\x01\x00garbage"
     set_line(artifacts, "component", hashlib.sha256(broken).hexdigest())
+    set_line(artifacts, "engine", pre.engine_key(metered=True))  # other bytes are metered
     set_line(artifacts, "core-artifact", "0" * 64)
     with pytest.warns(RuntimeWarning, match="does not match its SHA-256"):
         with pytest.raises(fc.ComponentLoadError, match="loading the fencecheck component"):
@@ -224,10 +231,51 @@ def test_when_compiling_fails_too_the_load_error_is_raised(artifacts, no_deseria
     assert no_deserialize == []
 
 
-def test_the_engine_is_configured_from_the_keyed_settings():
-    """The key names every Config setting the runtime makes (fuel on)."""
-    assert pre.ENGINE_SETTINGS == (("consume_fuel", True),)
-    assert pre.ENGINE_KEY == "consume_fuel=True"
+def test_the_engine_is_configured_from_the_keyed_settings(made):
+    """The key names every Config setting the runtime makes: fuel off for
+    the packaged component (what build-component's artifacts are made for),
+    on for a metered runtime."""
+    assert pre.engine_settings(False) == (("consume_fuel", False),)
+    assert pre.engine_settings(True) == (("consume_fuel", True),)
+    assert (pre.engine_key(False), pre.engine_key(True)) == ("consume_fuel=False", "consume_fuel=True")
+    assert pre._read_manifest(str(made))["engine"] == "consume_fuel=False"
+
+
+def test_a_metered_runtime_uses_only_artifacts_made_with_fuel(made, tmp_path, monkeypatch):
+    """A component loaded from a path is metered: it never looks at the
+    package's (unmetered) artifacts, and the packaged component's artifacts
+    in another directory are refused for it (and it is compiled with fuel);
+    `precompile --metered` writes artifacts made with fuel, which it then
+    uses, and which the unmetered packaged runtime refuses in turn; without
+    --metered, a copy of the packaged component gets unmetered ones
+    (scripts/python-wheels precompiles a staged copy)."""
+    monkeypatch.delenv(pre.ENV, raising=False)
+    silent = compiled_silently(path=PACKAGED)
+    assert silent.metered and "metered" in silent.why_compiled
+    assert compiled_with_warning("engine settings", path=PACKAGED, precompiled=made).metered
+    done = subprocess.run(
+        [sys.executable, "-m", "fencecheck", "--component", str(PACKAGED), "precompile", "--metered", "--out", str(tmp_path)],
+        capture_output=True, text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    assert pre._read_manifest(str(tmp_path))["engine"] == "consume_fuel=True"
+    metered = fc.Runtime(PACKAGED, precompiled=tmp_path)
+    assert (metered.loaded_from, metered.metered) == ("precompiled", True), metered.why_compiled
+    decides(metered)
+    starving = fc.Runtime(PACKAGED, precompiled=tmp_path, limits=fc.Limits(fuel_per_check=50, fuel_per_input_byte=0))
+    with pytest.raises(fc.GuestTrapped):  # the deserialized machine code meters
+        starving.instance().check(None, req(1))
+    assert not compiled_with_warning("engine settings", precompiled=tmp_path).metered
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    (copy / "fencecheck.wasm").write_bytes(PACKAGED.read_bytes())
+    done = subprocess.run(
+        [sys.executable, "-m", "fencecheck", "--component", str(copy / "fencecheck.wasm"), "precompile", "--out", str(copy)],
+        capture_output=True, text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    assert pre._read_manifest(str(copy))["engine"] == "consume_fuel=False"
+    assert fc.Runtime(precompiled=copy).loaded_from == "precompiled"
 
 
 def test_the_component_is_found_without_reading_beside_the_module(monkeypatch, tmp_path):

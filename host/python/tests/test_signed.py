@@ -1,6 +1,6 @@
-"""Signed tokens on the real component: ``sign``, ``check_signed`` over both
-transports (a one-item check-packed batch on the core module, the typed
-``auth.check-signed``), ``grant_message``, the packed codec's auth fields,
+"""Signed tokens on the real component: ``sign``, ``check_signed`` over every
+transport (the core module's single-check export, a one-item check-packed
+batch on it, the typed ``auth.check-signed``), ``grant_message``, the packed codec's auth fields,
 and the text forms (signed tokens, key sets) as host/runtime/src/text.rs."""
 
 import hashlib
@@ -19,16 +19,20 @@ LEASE = "lease-7f3a9c2e-0001"
 
 
 def both(guest, state, request, keys):
-    """The outcome through each transport (a FenceError returned); they must agree."""
+    """The outcome through each transport (a FenceError returned); they must
+    agree: the single-check export (check_signed's default), check-packed on
+    the core module, and the typed auth.check-signed."""
     outcomes = []
-    for call in (guest.check_signed, guest._check_signed_typed):
+    packed = lambda s, r, k: guest._check_signed(s, r, k, single=False)  # noqa: E731
+    for call in (guest.check_signed, packed, guest._check_signed_typed):
         try:
             outcomes.append(call(state, request, keys))
         except fc.FenceError as e:
             outcomes.append(e)
-    core, typed = outcomes
-    assert type(core) is type(typed) and repr(core) == repr(typed), (core, typed)
-    return core
+    one, core, typed = outcomes
+    for other in (core, typed):
+        assert type(one) is type(other) and repr(one) == repr(other), (one, other)
+    return one
 
 
 def refusal(outcome):
@@ -36,8 +40,8 @@ def refusal(outcome):
 
 
 def test_the_core_transport_is_under_test(runtime):
-    """The packaged component has the core shape and signed tokens."""
-    assert runtime._core is not None and runtime.supports_signing
+    """The packaged component has the core shape, the single-check export and signed tokens."""
+    assert runtime._core is not None and runtime._one and runtime.supports_signing
 
 
 def test_a_signed_grant_applies_and_every_forgery_is_refused(guest):
@@ -180,14 +184,15 @@ def test_malformed_guest_output_of_a_signed_check_is_a_host_error(guest, monkeyp
 
     sig = guest.sign(SCOPE, TOKEN, LEASE, K3)
     r = fc.Request(SCOPE, TOKEN, signature=sig)
-    real = _core.Packed.call
-    for damage in (lambda out: out[:-1], lambda out: b"\x02" + out[1:], lambda out: out + b"\0"):
-        monkeypatch.setattr(_core.Packed, "call", lambda self, batch, d=damage: d(real(self, batch)))
-        with pytest.raises(fc.PackedFormatError) as e:
-            guest.check_signed(None, r, [K3])
-        assert e.value.side == "output" and not e.value.retryable
-    monkeypatch.setattr(_core.Packed, "call", real)
-    assert guest.check_signed(None, r, [K3]).name == "applied"
+    for way in ("call_one", "call"):  # the single-check export, and check-packed
+        real = getattr(_core.Packed, way)
+        for damage in (lambda out: out[:-1], lambda out: b"\x02" + out[1:], lambda out: out + b"\0"):
+            monkeypatch.setattr(_core.Packed, way, lambda self, batch, d=damage, f=real: d(f(self, batch)))
+            with pytest.raises(fc.PackedFormatError) as e:
+                guest._check_signed(None, r, [K3], single=way == "call_one")
+            assert e.value.side == "output" and not e.value.retryable
+        monkeypatch.setattr(_core.Packed, way, real)
+        assert guest.check_signed(None, r, [K3]).name == "applied"
 
 
 def test_secrets_are_not_printed():

@@ -3,18 +3,29 @@
 ``Runtime`` (one per process) loads the component: deserialized from the
 artifacts precompiled for this host when the package carries matching ones
 (``_precompiled``), else compiled; ``Instance`` (one per thread) calls it
-under a fuel budget and a memory limit, and is replaced after a trap, as in
-the Rust host (host/runtime/src/runtime.rs).
+under a memory limit, and is replaced after a trap, as in the Rust host
+(host/runtime/src/runtime.rs).
 
-``check`` passes its values through ``_abi`` (raw C API values, about 10x
-faster than wasmtime-py's generic conversion). ``check_batch`` encodes its
-pairs for ``check-packed`` (``_packed``) and, when the component has the
-expected shape, calls that export on the component's core module with one
-copy each way (``_core``), about 10x faster than the typed ``check-batch``;
-otherwise through the component API. ``check_signed`` (signed tokens, the
-``auth`` interface of 0.1.1) takes the same two ways: a one-item
-``check-packed`` batch with keys and signature on the core module, else the
-typed ``auth.check-signed``. The exported signatures are compared at
+Fuel, as in the Rust host: the packaged component runs without fuel metering
+(each of its calls does work linear in its input, which ``Limits.call_bytes``
+bounds: docs/design.md §1, "What bounds a call's time", held by the fuzz
+target ``fuel_bound``); a component loaded from a path, or any bytes other
+than the packaged ones, is metered (``Limits.fuel_per_check``), since nothing
+vouches for its loops. ``Runtime.metered`` says which.
+
+``check`` encodes its pair as a one-item ``check-packed`` batch (``_packed``)
+and, when the component has the expected shape, crosses once into the
+component's core module through the guest's single-check export (``_core``:
+one copy each way, no allocation, no post-return); ``check_batch`` encodes
+its pairs the same way and calls ``check-packed`` on that core module,
+about 10x faster than the typed ``check-batch``. Otherwise (no core module of
+that shape) ``check`` passes its values through ``_abi`` (raw C API values,
+about 10x faster than wasmtime-py's generic conversion) to the typed
+``check``, and ``check_batch`` takes ``check-packed`` through the component
+API. ``check_signed`` (signed tokens, the ``auth`` interface of 0.1.1) takes
+the same two ways: a one-item batch with keys and signature on the core
+module, else the typed ``auth.check-signed``. Tests compare every way on the
+conformance vectors and on random inputs. The exported signatures are compared at
 load with the ones these codecs were written for, so a changed contract fails
 at load, not at run time. ``_abi`` relies on wasmtime-py's ``_ffi`` module,
 hence the exact version pin. The rarer calls (``inspect``, the lease
@@ -85,12 +96,20 @@ class Limits:
     """Bounds on every instance of a ``Runtime`` (defaults as in the Rust host)."""
 
     fuel_per_check: int = 10_000_000
-    """Fuel per check (and per batch item); stops a runaway guest, not a normal one."""
+    """Fuel per check (and per batch item) when the runtime is metered (any
+    component but the packaged one: ``Runtime.metered``); stops a runaway
+    guest, not a normal one. The packaged component runs without fuel."""
     memory_bytes: int = 64 << 20
     """Largest linear memory an instance may grow to."""
     call_bytes: int = 16 << 20
     """Largest total input (states, scopes, op-ids) of one call; larger calls
     raise ``TooLarge`` before reaching the guest."""
+    fuel_per_input_byte: int = 400
+    """Fuel per byte of a call that crosses into the core module, on top of
+    ``fuel_per_check`` (metered runtimes only): there the guest also
+    validates the strings' UTF-8, which the component API does on the host,
+    so a long input within the documented cost bound never runs out (the Rust
+    host's ``FUEL_BOUND_PER_BYTE``)."""
 
 
 def _default_component() -> bytes:
@@ -180,6 +199,15 @@ class Runtime:
     ``Runtime()`` loads the component packaged with this module; pass a path
     (or ``component=bytes``) to load another build.
 
+    Fuel: the packaged component (``Runtime()``, or ``component=`` bytes
+    equal to it) runs without fuel metering; a component read from a path is
+    always metered, even when its bytes are the packaged ones (a file is not
+    what this package was built and tested with), and so are any other bytes.
+    ``metered=True`` meters the packaged component too (to measure its cost,
+    or to test the metered path); ``metered=False`` is refused for anything
+    but the packaged component. Unmetered and metered runtimes compile
+    different machine code, so each uses only artifacts made for it.
+
     ``precompiled``: where to look for machine code made for this host by
     ``python -m fencecheck precompile`` (``scripts/build-component`` puts it
     in the package): ``True``, the package directory (unless the environment
@@ -202,6 +230,9 @@ class Runtime:
     loaded_from: str
     """``"precompiled"`` (deserialized artifacts) or ``"compiled"`` (Cranelift,
     in this process)."""
+    metered: bool
+    """Whether calls run under fuel metering: ``False`` only for the packaged
+    component (see above)."""
     why_compiled: Optional[str]
     """Why the artifacts were not used (``None`` when they were)."""
 
@@ -212,20 +243,34 @@ class Runtime:
         component: Optional[bytes] = None,
         limits: Limits = Limits(),
         precompiled: Union[bool, str, PathLike[str]] = True,
+        metered: Optional[bool] = None,
     ) -> None:
         if not _abi.LAYOUT_OK:
             raise ComponentLoadError("wasmtime-py's C structs are not laid out as fencecheck._abi expects")
-        if component is None:
-            try:
-                component = _default_component() if path is None else open(path, "rb").read()
-            except OSError as e:
-                raise ComponentLoadError(f"reading the component at {path}: {e}") from None
+        if metered not in (None, True, False):
+            raise TypeError("metered must be None, True or False")
+        if path is not None:
+            packaged = False  # a file is metered whatever its bytes
+            if component is None:
+                try:
+                    with open(path, "rb") as f:
+                        component = f.read()
+                except OSError as e:
+                    raise ComponentLoadError(f"reading the component at {path}: {e}") from None
+        elif component is None:
+            component = _default_component()
+            packaged = True
+        else:
+            packaged = _is_packaged(component)
+        if metered is False and not packaged:
+            raise ValueError("only the packaged component runs without fuel (metered=False)")
+        self.metered = metered is True or not packaged
         self.limits = limits
         try:
-            self._engine = wasmtime.Engine(_precompiled.engine_config())
+            self._engine = wasmtime.Engine(_precompiled.engine_config(metered=self.metered))
         except wasmtime.WasmtimeError as e:
             raise ComponentLoadError(f"loading the fencecheck component: {e}") from None
-        loaded = _precompiled.load(self._engine, component, precompiled)
+        loaded = _precompiled.load(self._engine, component, precompiled, metered=self.metered)
         if isinstance(loaded, _precompiled.Loaded):
             self.loaded_from, self.why_compiled = "precompiled", None
             self._component = loaded.component
@@ -250,12 +295,23 @@ class Runtime:
         self._interfaces = (vetted.check_interface, vetted.lease_interface, vetted.auth_interface)
         if self._core is not None:  # its exports must be named after the vetted version
             self._core = _core.checked(self._core, vetted.check_interface)
+        # The single-check exports (guest/src/one.rs), if the core module has them.
+        self._one = self._core is not None and _core.has_one(self._core)
         # The component imports nothing: an empty linker refuses any import.
         self._linker = wc.Linker(self._engine)
 
     def instance(self) -> "Instance":
         """A fresh instance, for one thread at a time."""
         return Instance(self)
+
+
+def _is_packaged(component: bytes) -> bool:
+    """Whether ``component`` is byte for byte the packaged component (as the
+    Rust host's ``Runtime::from_bytes`` compares with the embedded one)."""
+    try:
+        return bytes(component) == _default_component()
+    except ComponentLoadError:
+        return False
 
 
 _DEFAULT: Optional[Runtime] = None
@@ -276,7 +332,8 @@ def component_version() -> str:
 class Instance:
     """One instance of the component. Not thread-safe: one per thread.
 
-    Every call is bounded by fuel and memory. If the guest traps, the call
+    Every call is bounded by memory and by its input (``Limits.call_bytes``);
+    a metered runtime also bounds it by fuel. If the guest traps, the call
     raises ``GuestTrapped``, nothing was decided, and the instance is replaced.
     """
 
@@ -305,7 +362,40 @@ class Instance:
         """Decide one request against a scope's stored state (``None``: the
         scope never accepted a token). Returns the decision; raises a
         ``FenceError`` when the check cannot decide, ``HostError`` when the
-        component cannot run."""
+        component cannot run.
+
+        Crosses once, through the core module's single-check export, when
+        the runtime has one (else check-packed on the core module, else the
+        typed ``check``: ``_check_typed``); all decide the same."""
+        if self._runtime._core is None:
+            return self._check_typed(state, request)
+        batch, _, size = _packed.encode([(state, request)])
+        self._bound("check", size)
+        outcome = self._check_one("check", batch, signed=False)
+        if isinstance(outcome, FenceError):
+            raise outcome
+        return outcome
+
+    def _check_one(self, call: str, batch: bytes, *, signed: bool, single: bool = True) -> Union[Decision, FenceError]:
+        """A one-item batch through the core module: its outcome (a
+        ``FenceError`` returned, not raised). ``single=False`` sends it
+        through check-packed even when the single-check export is there
+        (tests compare the two)."""
+        out = self._check_packed(batch, 1, single=single, call=call)
+        if isinstance(out, str):
+            raise PackedFormatError("input", f"batch-error `{out}` for a {call}, {len(batch)} bytes")
+        try:
+            [outcome] = _packed.decode(out, 1, signed=signed)
+        except PackedFormatError:
+            self._instantiate()  # a guest that wrote garbage is not trusted again
+            raise
+        return outcome
+
+    def _check_typed(self, state: Optional[bytes], request: Request) -> Decision:
+        """``check`` through the typed ``check`` export (wasmtime's component
+        API, values lowered by ``_abi``): always this way when the runtime
+        has no core module; tests and benchmarks compare it with the core
+        module's single-check export."""
         keep, args, size = _abi.lower_check(state, request)
         self._bound("check", size)
         outcome = self._call("check", self._funcs["check"], 1, args, 2, _abi.lift_check)
@@ -324,23 +414,23 @@ class Instance:
         of ``check``; ``UnsupportedFeature`` if the loaded component predates
         signed tokens (nothing is sent); ``HostError`` if it cannot run.
 
-        Crosses as a one-item ``check-packed`` batch with keys and signature
-        (flags 4 and 5) on the core module when the runtime has one, else
-        through the typed ``auth.check-signed``."""
+        Crosses as a one-item batch with keys and signature (flags 4 and 5)
+        on the core module when the runtime has one (the single-check export,
+        as ``check``), else through the typed ``auth.check-signed``."""
+        return self._check_signed(state, request, keys)
+
+    def _check_signed(
+        self, state: Optional[bytes], request: Request, keys: Iterable[GrantKey], *, single: bool = True
+    ) -> Decision:
+        """``check_signed``; ``single=False`` crosses through check-packed
+        even when the single-check export is there (tests compare them)."""
         self._require_auth()
         keys = _keys(keys)
         if self._runtime._core is None:
             return self._check_signed_typed(state, request, keys)
-        batch, n, size = _packed.encode([(state, request)], keys)
+        batch, _, size = _packed.encode([(state, request)], keys)
         self._bound("check-signed", size)
-        out = self._check_packed(batch, n)
-        if isinstance(out, str):
-            raise PackedFormatError("input", f"batch-error `{out}` for a signed check, {len(batch)} bytes")
-        try:
-            [outcome] = _packed.decode(out, 1, signed=True)
-        except PackedFormatError:
-            self._instantiate()  # a guest that wrote garbage is not trusted again
-            raise
+        outcome = self._check_one("check-signed", batch, signed=True, single=single)
         if isinstance(outcome, FenceError):
             raise outcome
         return outcome
@@ -455,28 +545,43 @@ class Instance:
             self._instantiate()  # a guest that wrote garbage is not trusted again
             raise
 
-    def _check_packed(self, batch: bytes, items: int, *, component_api: bool = False) -> Union[bytes, str]:
+    def _check_packed(
+        self,
+        batch: bytes,
+        items: int,
+        *,
+        component_api: bool = False,
+        single: bool = False,
+        call: str = "check-packed",
+    ) -> Union[bytes, str]:
         """Call ``check-packed`` with raw bytes (fuel for ``items`` checks):
         the output bytes, or the ``batch-error`` case name. Through the core
         module when the runtime has one (``_core``), else, or with
-        ``component_api=True``, through wasmtime's component API."""
-        core = self._runtime._core
+        ``component_api=True``, through wasmtime's component API.
+        ``single``: a one-item batch, sent through the single-check export
+        when the core module has it (the same bytes come back). ``call``:
+        the name a ``GuestTrapped`` carries."""
+        rt = self._runtime
+        core = rt._core
         if core is None or component_api:
             keep, args = _abi.lower_bytes(batch)
-            out = self._call("check-packed", self._funcs["check-packed"], max(items, 1), args, 1, _abi.lift_packed)
+            out = self._call(call, self._funcs["check-packed"], max(items, 1), args, 1, _abi.lift_packed)
             del keep  # the argument memory was borrowed by the call
             return out
-        self._store.set_fuel(self._runtime.limits.fuel_per_check * max(items, 1))
+        if rt.metered:  # as the Rust host's core transport: per check, and per byte of the batch
+            limits = rt.limits
+            self._store.set_fuel(limits.fuel_per_check * max(items, 1) + limits.fuel_per_input_byte * len(batch))
         try:
-            if self._packed is None:
-                self._packed = _core.Packed(self._store, core, self._runtime._interfaces[0])
-            return self._packed.call(batch)
+            packed = self._packed
+            if packed is None:
+                packed = self._packed = _core.Packed(self._store, core, rt._interfaces[0], one=rt._one)
+            return packed.call_one(batch) if single else packed.call(batch)
         except PackedFormatError:
             self._instantiate()
             raise
         except (wasmtime.WasmtimeError, wasmtime.Trap) as e:
             self._instantiate()
-            raise GuestTrapped("check-packed", str(e)) from None
+            raise GuestTrapped(call, str(e)) from None
 
     def _check_batch_typed(
         self, items: Iterable[tuple[Optional[bytes], Request]]
@@ -497,7 +602,8 @@ class Instance:
         """Decode a stored state (rare: uses wasmtime-py's generic conversion)."""
         self._bound("inspect", len(state))
         func = self._funcs["inspect"]
-        self._store.set_fuel(self._runtime.limits.fuel_per_check)
+        if self._runtime.metered:
+            self._store.set_fuel(self._runtime.limits.fuel_per_check)
         try:
             result = func(self._store, bytes(state))
             func.post_return(self._store)
@@ -619,7 +725,8 @@ class Instance:
         """Call an export with a fresh fuel budget; lift and free its result.
         On a trap, replace the instance (its memory may be inconsistent)."""
         store = self._store
-        store.set_fuel(self._runtime.limits.fuel_per_check * checks)
+        if self._runtime.metered:
+            store.set_fuel(self._runtime.limits.fuel_per_check * checks)
         result = _V()
         error = ffi.wasmtime_component_func_call(
             ctypes.byref(func._func), store._context(), args, nargs, ctypes.byref(result), 1

@@ -66,6 +66,8 @@ _APPLIED = struct.Struct("<QQQQI")  # version, highest, state-len
 _U64 = struct.Struct("<Q")
 _U64X2 = struct.Struct("<QQ")
 _U64X6 = struct.Struct("<QQQQQQ")
+_ONE_APPLIED_HEAD = bytes([1, 0, 0, 0, APPLIED])  # count 1, then the applied tag
+_ONE_APPLIED = len(_ONE_APPLIED_HEAD) + _APPLIED.size  # where its state starts
 
 Outcome = Union[Decision, FenceError]
 
@@ -167,6 +169,12 @@ def decode(out: bytes, expected: int, signed: bool = False) -> list[Outcome]:
 
     Raises ``PackedFormatError`` (never a guessed outcome) if ``out`` does not
     follow the format exactly."""
+    # The common single check, Applied, read at once; anything else (other
+    # outcomes, a malformed answer) takes the general loop below.
+    if expected == 1 and len(out) >= _ONE_APPLIED and out[:5] == _ONE_APPLIED_HEAD:
+        version, a, e, c, length = _APPLIED.unpack_from(out, 5)
+        if _ONE_APPLIED + length == len(out):
+            return [Applied(version, Token(a, e, c), out[_ONE_APPLIED:])]
     try:
         (n,) = _U32.unpack_from(out, 0)
         if n != expected:

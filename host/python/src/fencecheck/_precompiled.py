@@ -73,13 +73,20 @@ ENV = "FENCECHECK_PRECOMPILED"
 """``FENCECHECK_PRECOMPILED=0`` makes ``Runtime()`` compile even when packaged
 artifacts are there (benchmarks, or to rule them out)."""
 
-ENGINE_SETTINGS: tuple[tuple[str, object], ...] = (("consume_fuel", True),)
-"""Every ``wasmtime.Config`` setting the runtime makes. The engine that
-precompiles and the one that loads are both built from this tuple, and it is
-part of the key. (Memory is bounded per store, ``Store.set_limits``, not by
-the engine, so no memory setting belongs here.)"""
+def engine_settings(metered: bool) -> tuple[tuple[str, object], ...]:
+    """Every ``wasmtime.Config`` setting the runtime makes: fuel metering on
+    for a metered runtime (any component but the packaged one; see
+    ``Runtime``), off for the packaged component. The engine that precompiles
+    and the one that loads are both built from this tuple, and it is part of
+    the key, so machine code made without fuel checks never runs a metered
+    component. (Memory is bounded per store, ``Store.set_limits``, not by the
+    engine, so no memory setting belongs here.)"""
+    return (("consume_fuel", metered),)
 
-ENGINE_KEY = ",".join(f"{name}={value!r}" for name, value in ENGINE_SETTINGS)
+
+def engine_key(metered: bool) -> str:
+    """``engine_settings`` as the manifest's ``engine`` line records them."""
+    return ",".join(f"{name}={value!r}" for name, value in engine_settings(metered))
 
 _MANIFEST_KEYS = (
     "fencecheck-precompiled", "wasmtime", "engine", "target", "cpu-features",
@@ -134,11 +141,11 @@ def target_platform(triple: str) -> Optional[tuple[str, str]]:
     return _arch(parts[0]), parts[2].lower()
 
 
-def engine_config(target: Optional[str] = None) -> wasmtime.Config:
-    """The runtime's engine configuration (``ENGINE_SETTINGS``); with
+def engine_config(target: Optional[str] = None, *, metered: bool) -> wasmtime.Config:
+    """The runtime's engine configuration (``engine_settings``); with
     ``target``, one that compiles for that triple (and cannot run the code)."""
     config = wasmtime.Config()
-    for name, value in ENGINE_SETTINGS:
+    for name, value in engine_settings(metered):
         setattr(config, name, value)
     if target is not None:
         config.target = target
@@ -175,17 +182,24 @@ class _Refused(Exception):
     """Why artifacts present in the directory are not used (warned about)."""
 
 
-def load(engine: wasmtime.Engine, component: bytes, where: Union[bool, str, PathLike[str]]) -> Union[Loaded, str]:
+def load(
+    engine: wasmtime.Engine, component: bytes, where: Union[bool, str, PathLike[str]], *, metered: bool
+) -> Union[Loaded, str]:
     """The precompiled component from ``where`` (``True``: the package
     directory, unless ``FENCECHECK_PRECOMPILED=0``; ``False``: none; a path:
     that directory), or the reason it is not used (the caller compiles).
-    A missing, mismatched, damaged or unsafe artifact never raises here: each
-    has that fallback."""
+    ``metered``: whether ``engine`` consumes fuel; only artifacts made for
+    the same setting are used. A metered runtime never looks in the package
+    directory: its artifacts are the packaged component's, made without fuel
+    checks. A missing, mismatched, damaged or unsafe artifact never raises
+    here: each has that fallback."""
     if where is False:
         return "precompiled=False"
     if where is True:
         if os.environ.get(ENV) == "0":
             return f"{ENV}=0"
+        if metered:
+            return "metered: the package's artifacts are the packaged component's, made without fuel"
         where = PACKAGE_DIR
     directory = os.fspath(where)
     try:
@@ -197,8 +211,9 @@ def load(engine: wasmtime.Engine, component: bytes, where: Union[bool, str, Path
         running = wasmtime_version()
         if manifest["wasmtime"] != running:
             raise _Refused(f"made by wasmtime-py {manifest['wasmtime']}, running {running}")
-        if manifest["engine"] != ENGINE_KEY:
-            raise _Refused(f"made for engine settings {manifest['engine']!r}, running {ENGINE_KEY!r}")
+        running_key = engine_key(metered)
+        if manifest["engine"] != running_key:
+            raise _Refused(f"made for engine settings {manifest['engine']!r}, running {running_key!r}")
         made_for, running_on = target_platform(manifest["target"]), host_platform()
         if made_for != running_on:
             raise _Refused(f"machine code for {manifest['target']}, running on {'-'.join(running_on)}")
@@ -271,9 +286,13 @@ def _read(directory: str, name: str) -> bytes:
         return f.read()
 
 
-def write(component: bytes, directory: str, target: Optional[str] = None) -> list[tuple[str, int]]:
+def write(
+    component: bytes, directory: str, target: Optional[str] = None, *, metered: bool = False
+) -> list[tuple[str, int]]:
     """Precompile ``component`` for this host's wasmtime-py into ``directory``
     (``python -m fencecheck precompile``); returns the files and their sizes.
+    ``metered``: for a metered runtime (``Runtime(path)``: with fuel checks);
+    ``False``, the default: for the packaged component, which runs without.
     ``target``: a triple (``x86_64-unknown-linux-gnu``) to compile for
     instead of this machine, with that target's baseline CPU features
     (``precompile --target``; the artifacts are for that wasmtime-py version
@@ -294,7 +313,7 @@ def write(component: bytes, directory: str, target: Optional[str] = None) -> lis
             raise ComponentLoadError(f"target {target!r} is not a triple arch-vendor-os[-env]")
         _can_compile_for(target)
     try:
-        engine = wasmtime.Engine(engine_config(target))
+        engine = wasmtime.Engine(engine_config(target, metered=metered))
     except wasmtime.WasmtimeError as e:
         raise ComponentLoadError(f"wasmtime-py cannot compile for target {target!r}: {e}") from None
     try:
@@ -321,7 +340,7 @@ def write(component: bytes, directory: str, target: Optional[str] = None) -> lis
         for key, value in (
             ("fencecheck-precompiled", FORMAT),
             ("wasmtime", version),
-            ("engine", ENGINE_KEY),
+            ("engine", engine_key(metered)),
             ("target", host_target() if target is None else target),
             ("cpu-features", HOST_FEATURES if target is None else BASELINE_FEATURES),
             ("component", sha256(component)),

@@ -14,9 +14,11 @@ Signed tokens (0.1.1): a ``check`` with ``keys`` is decided with
 test that refusal) and its optional ``signature``; without ``keys`` a
 ``signature`` is ignored (plain ``check``). A ``sign`` step expects
 ``signed`` with its exact ``tag`` or an error. ``run`` takes a transport:
-``"component"`` (``check`` and the typed ``auth.check-signed``) or
-``"core"`` (one-item ``check-packed`` batches, as ``check_batch`` and
-``check_signed`` send them); every file must pass through both.
+``"component"`` (the typed ``check`` and ``auth.check-signed``: wasmtime's
+component API), ``"core"`` (one-item ``check-packed`` batches on the core
+module, as ``check_batch`` sends them) or ``"one"`` (``check`` and
+``check_signed`` as they cross by default: the core module's single-check
+export); every file must pass through each.
 """
 
 from __future__ import annotations
@@ -70,7 +72,7 @@ _EXPECT_KEYS = {
 }
 _ACTIONS = ("check", "damage", "acquire", "renew", "release", "restore", "sign")
 _SIGN_KEYS = {"scope", "token", "authority", "lease_id", "key"}
-TRANSPORTS = ("component", "core")
+TRANSPORTS = ("component", "core", "one")
 _LEASE_KEYS = {
     "acquire": {"lock", "lease_id", "now", "ttl", "authority", "epoch_floor"},
     "renew": {"lease_id", "token", "authority", "now", "ttl"},
@@ -413,11 +415,13 @@ def run_check(
     request, keys = parse_check(check)
     try:
         if transport == "component":
-            return guest.check(state, request) if keys is None else guest._check_signed_typed(state, request, keys)
+            return guest._check_typed(state, request) if keys is None else guest._check_signed_typed(state, request, keys)
+        if transport == "one":
+            return guest.check(state, request) if keys is None else guest.check_signed(state, request, keys)
         if transport != "core":
             raise VectorFormatError(f"unknown transport {transport!r}")
         if keys is not None:
-            return guest.check_signed(state, request, keys)
+            return guest._check_signed(state, request, keys, single=False)
         [outcome] = guest.check_batch([(state, request)])
         return outcome
     except FenceError as e:
