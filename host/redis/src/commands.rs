@@ -15,7 +15,7 @@ use std::sync::{Mutex, OnceLock};
 
 use fencecheck::{
     AcquireRequest, Checker, GrantKey, Instance, KeysText, LeaseError, ReleaseRequest,
-    RenewRequest, Request, Runtime, SignedTokenText,
+    RenewRequest, Request, Runtime, SignedTokenText, Token,
 };
 use redis_module::{
     CallOptionResp, CallOptions, CallOptionsBuilder, CallReply, CallResult, Context, ContextFlags,
@@ -101,17 +101,16 @@ pub fn init(ctx: &Context, args: &[RedisString]) -> Status {
 
 /// Run a handler and send its reply. Nothing here may unwind into Redis: a
 /// panic across the module's C entry point aborts the whole server, every
-/// client's data with it. So the reply is made safe for `redis-module`'s
-/// writer (error lines printable ASCII, see [`Refusal::wire`]; no NUL in a
-/// simple string) and sent inside the same `catch_unwind`; a caught panic
-/// is logged and answered `-FENCERUNTIME`.
+/// client's data with it. So the reply is made safe for the writers (error
+/// lines printable ASCII, see [`Refusal::wire`]; a simple string holding a
+/// NUL goes out as a bulk string, [`ffi::reply`]) and sent inside the same
+/// `catch_unwind`; a caught panic is logged and answered `-FENCERUNTIME`.
 fn guarded(ctx: &Context, args: &[RedisString], handler: Handler) -> RedisResult {
-    let sent = catch_unwind(AssertUnwindSafe(|| {
-        let reply = match handler(ctx, args) {
-            Ok(value) => Ok(sendable(value)),
-            Err(refusal) => Err(RedisError::String(refusal.wire())),
-        };
-        ctx.reply(reply);
+    let sent = catch_unwind(AssertUnwindSafe(|| match handler(ctx, args) {
+        Ok(value) => ffi::reply(ctx, value),
+        Err(refusal) => {
+            ctx.reply(Err(RedisError::String(refusal.wire())));
+        }
     }));
     if let Err(panic) = sent {
         let what = panic
@@ -127,16 +126,6 @@ fn guarded(ctx: &Context, args: &[RedisString], handler: Handler) -> RedisResult
         ctx.reply_error_string("FENCERUNTIME internal error (a panic, caught; see the server log)");
     }
     Ok(RedisValue::NoReply)
-}
-
-/// `value` with every simple string the reply writer could panic on (a NUL
-/// byte) sent as a bulk string instead.
-fn sendable(value: RedisValue) -> RedisValue {
-    match value {
-        RedisValue::SimpleString(s) if s.contains('\0') => RedisValue::BulkString(s),
-        RedisValue::Array(items) => RedisValue::Array(items.into_iter().map(sendable).collect()),
-        other => other,
-    }
 }
 
 fn with_guest<T>(
@@ -229,6 +218,12 @@ fn scope_key(scope: &[u8]) -> Result<Vec<u8>, Refusal> {
 /// The scope's keys when it requires signed tokens: the set stored under
 /// the longest prefix in `fencecheck:signing-keys` that starts the scope.
 fn scope_signing_keys(ctx: &Context, scope: &[u8]) -> Result<Option<Vec<GrantKey>>, Refusal> {
+    // Checked on every call, never cached (a stale cache could let an
+    // unsigned token through a scope that requires signing): absent is
+    // the common case, and answered without opening the key.
+    if ffi::key_exists(ctx, keys::SIGNING_KEYS_KEY.as_bytes()) == Some(false) {
+        return Ok(None);
+    }
     let name = RedisString::create_from_slice(ctx.get_raw(), keys::SIGNING_KEYS_KEY.as_bytes());
     match ctx.open_key(&name).key_type() {
         KeyType::Empty => return Ok(None),
@@ -271,16 +266,19 @@ fn scope_signing_keys(ctx: &Context, scope: &[u8]) -> Result<Option<Vec<GrantKey
 }
 
 /// Read the scope's state and decide: the shared first half of every
-/// fenced command.
+/// fenced command. The presented token, once parsed, is left in `seen`
+/// (for the metrics' epoch label, so it is parsed once).
 fn decide(
     ctx: &Context,
     scope: &[u8],
     token: &[u8],
     options: &[&[u8]],
+    seen: &mut Option<Token>,
 ) -> Result<(Vec<u8>, Verdict), Refusal> {
     let state_key = scope_key(scope)?;
     let (opts, _) = rules::options(options, &[])?;
     let request: Request = rules::request(scope, token, opts)?;
+    *seen = Some(request.token);
     let state = read_string(ctx, &state_key)?;
     let keys = scope_signing_keys(ctx, scope)?;
     let outcome = with_guest(|g| g.decide(state.as_deref(), &request, keys.as_deref()))?;
@@ -319,20 +317,21 @@ fn data_key(key: &[u8]) -> Result<(), Refusal> {
 }
 
 /// `FENCE.SET key token value [POLICY p] [OPID id] [VERSION n]`
-fn decided_set(ctx: &Context, args: &[RedisString]) -> Result<RedisValue, Refusal> {
+fn decided_set(
+    ctx: &Context,
+    args: &[RedisString],
+    seen: &mut Option<Token>,
+) -> Result<RedisValue, Refusal> {
     let a = bytes(args);
     data_key(a[1])?;
-    let (state_key, verdict) = decide(ctx, a[1], a[2], &a[4..])?;
+    let (state_key, verdict) = decide(ctx, a[1], a[2], &a[4..], seen)?;
     match verdict {
         Verdict::Duplicate { version } => Ok(duplicate(version)),
         Verdict::Apply { version, state } => {
             // Both keys, replicated as ONE command (MSET), which replicas
             // and the AOF apply atomically without a MULTI/EXEC wrapper.
-            for (key, value) in [(a[1], a[3]), (&state_key, &state)] {
-                ffi::set_string(ctx, key, value)
-                    .map_err(|e| Refusal::new("FENCERUNTIME", format!("storing a key: {e}")))?;
-            }
-            ctx.replicate("MSET", &[a[1], a[3], &state_key, &state]);
+            ffi::set_pair(ctx, &args[1], &args[3], &state_key, &state)
+                .map_err(|e| Refusal::new("FENCERUNTIME", format!("storing a key: {e}")))?;
             Ok(applied(version))
         }
     }
@@ -340,10 +339,14 @@ fn decided_set(ctx: &Context, args: &[RedisString]) -> Result<RedisValue, Refusa
 
 /// `FENCE.DEL key token [POLICY p] [OPID id] [VERSION n]`: deletes the key;
 /// the mark stays, so the key cannot be re-created with an older token.
-fn decided_del(ctx: &Context, args: &[RedisString]) -> Result<RedisValue, Refusal> {
+fn decided_del(
+    ctx: &Context,
+    args: &[RedisString],
+    seen: &mut Option<Token>,
+) -> Result<RedisValue, Refusal> {
     let a = bytes(args);
     data_key(a[1])?;
-    let (state_key, verdict) = decide(ctx, a[1], a[2], &a[3..])?;
+    let (state_key, verdict) = decide(ctx, a[1], a[2], &a[3..], seen)?;
     match verdict {
         Verdict::Duplicate { version } => Ok(duplicate(version)),
         Verdict::Apply { version, state } => {
@@ -358,9 +361,13 @@ fn decided_del(ctx: &Context, args: &[RedisString]) -> Result<RedisValue, Refusa
 }
 
 /// `FENCE.CHECK scope token [options]`: the decision, nothing written.
-fn decided_check(ctx: &Context, args: &[RedisString]) -> Result<RedisValue, Refusal> {
+fn decided_check(
+    ctx: &Context,
+    args: &[RedisString],
+    seen: &mut Option<Token>,
+) -> Result<RedisValue, Refusal> {
     let a = bytes(args);
-    let (_, verdict) = decide(ctx, a[1], a[2], &a[3..])?;
+    let (_, verdict) = decide(ctx, a[1], a[2], &a[3..], seen)?;
     Ok(match verdict {
         Verdict::Apply { version, .. } => applied(version),
         Verdict::Duplicate { version } => duplicate(version),
@@ -480,7 +487,11 @@ fn command_allowed(ctx: &Context, inner: &[&[u8]]) -> Result<(), Refusal> {
 }
 
 /// `FENCE.EXEC scope token [options] -- COMMAND arg…`
-fn decided_exec(ctx: &Context, args: &[RedisString]) -> Result<RedisValue, Refusal> {
+fn decided_exec(
+    ctx: &Context,
+    args: &[RedisString],
+    seen: &mut Option<Token>,
+) -> Result<RedisValue, Refusal> {
     let a = bytes(args);
     let split = a
         .iter()
@@ -519,7 +530,7 @@ fn decided_exec(ctx: &Context, args: &[RedisString]) -> Result<RedisValue, Refus
             ));
         }
     }
-    let (state_key, verdict) = decide(ctx, head[1], head[2], &head[3..])?;
+    let (state_key, verdict) = decide(ctx, head[1], head[2], &head[3..], seen)?;
     match verdict {
         Verdict::Duplicate { version } => Ok(duplicate(version)),
         Verdict::Apply { version, state } => {
@@ -886,9 +897,14 @@ macro_rules! counted {
     ($($name:ident => $decided:ident, $operation:expr, $arity:expr);* $(;)?) => {$(
         fn $name(ctx: &Context, args: &[RedisString]) -> Result<RedisValue, Refusal> {
             arity(args, $arity)?;
-            let result = $decided(ctx, args);
-            let token = args.get(2).map(|t| t.as_slice()).unwrap_or_default();
-            signals::count($operation, token, &result, is_duplicate);
+            let mut seen = None;
+            let result = $decided(ctx, args, &mut seen);
+            let epoch = match seen {
+                Some(token) => fencecheck::epoch_index(Some(token)),
+                // Refused before the token was parsed: parse it for the label.
+                None => signals::epoch_index(args.get(2).map(|t| t.as_slice()).unwrap_or_default()),
+            };
+            signals::count($operation, epoch, &result, is_duplicate);
             result
         }
     )*};

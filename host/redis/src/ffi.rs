@@ -3,7 +3,7 @@
 
 use std::os::raw::c_int;
 
-use redis_module::{Context, RedisString, raw};
+use redis_module::{Context, RedisString, RedisValue, raw};
 
 /// The argument positions (into `argv`, `argv[0]` being the command name)
 /// that the command `argv` names as keys, as Redis's own key specs find
@@ -88,43 +88,95 @@ pub fn random_nonzero_u64() -> u64 {
     }
 }
 
-/// Set `key` to the string `value` through the key API (RM_OpenKey,
-/// RM_StringSet, RM_CloseKey): like SET, it replaces any value and its
-/// TTL, closing the key signals WATCH, and a `set` keyspace event is sent
-/// as SET sends one. Replicating it is the caller's job (RM_Replicate).
-/// Several times cheaper than a SET through RM_Call.
-pub fn set_string(ctx: &Context, key: &[u8], value: &[u8]) -> Result<(), String> {
-    let (Some(open), Some(set), Some(close), Some(create), Some(free)) = (unsafe {
+/// Set the key named `name` to `bytes` through the key API, as SET does:
+/// the key then holds exactly these bytes as a string, with no TTL. Closing
+/// the key signals WATCH (RM_CloseKey on a key opened for writing), then a
+/// `set` keyspace event is sent as SET sends one.
+///
+/// A key that already holds a string of the same length (a scope's state,
+/// rewritten on every fenced write) is overwritten in place through
+/// RM_StringDMA, and its TTL if any removed: RM_StringSet would delete the
+/// key and add it again (three lookups, the key name and the object freed
+/// and allocated again). Any other key gets `value` (the same bytes as a
+/// string) through RM_StringSet, which replaces any value and its TTL.
+///
+/// # Safety
+///
+/// `raw_ctx` is the calling command's context, on its thread; `name` and
+/// `value` are live strings for the whole call, `value` holding `bytes`.
+unsafe fn set_key(
+    raw_ctx: *mut raw::RedisModuleCtx,
+    name: *mut raw::RedisModuleString,
+    bytes: &[u8],
+    value: *mut raw::RedisModuleString,
+) -> Result<(), String> {
+    let (
+        Some(open),
+        Some(set),
+        Some(close),
+        Some(key_type),
+        Some(length),
+        Some(dma),
+        Some(get_expire),
+        Some(set_expire),
+    ) = (unsafe {
         // SAFETY: function pointers filled in by RedisModule_Init; read by value.
         (
             raw::RedisModule_OpenKey,
             raw::RedisModule_StringSet,
             raw::RedisModule_CloseKey,
-            raw::RedisModule_CreateString,
-            raw::RedisModule_FreeString,
+            raw::RedisModule_KeyType,
+            raw::RedisModule_ValueLength,
+            raw::RedisModule_StringDMA,
+            raw::RedisModule_GetExpire,
+            raw::RedisModule_SetExpire,
         )
-    }) else {
+    })
+    else {
         return Err("the server lacks the key API".into());
     };
-    let raw_ctx = ctx.get_raw();
-    unsafe {
-        // SAFETY: the strings are created from live slices (copied by
-        // Redis), used on the calling command's thread, and freed once
-        // after the key is closed; the key handle is closed exactly once.
-        let name = create(raw_ctx, key.as_ptr().cast(), key.len());
-        let data = create(raw_ctx, value.as_ptr().cast(), value.len());
-        let handle =
-            open(raw_ctx, name, raw::REDISMODULE_WRITE as c_int).cast::<raw::RedisModuleKey>();
-        let status = if handle.is_null() {
-            raw::REDISMODULE_ERR as c_int
+    let no_expire = raw::mstime_t::from(raw::REDISMODULE_NO_EXPIRE);
+    let written = unsafe {
+        // SAFETY: the caller's strings are live; the key handle is used only
+        // before it is closed, exactly once. The DMA pointer is written
+        // (`len` bytes, the length Redis reported) before any other call on
+        // the key, as RM_StringDMA requires. RM_StringSet takes its own
+        // reference to `value` (the documented `StringSet(key, argv[2])`).
+        let mode = (raw::REDISMODULE_READ | raw::REDISMODULE_WRITE) as c_int;
+        let handle = open(raw_ctx, name, mode).cast::<raw::RedisModuleKey>();
+        if handle.is_null() {
+            false
         } else {
-            let s = set(handle, data);
+            let mut done = false;
+            if key_type(handle) == raw::REDISMODULE_KEYTYPE_STRING as c_int
+                && length(handle) == bytes.len()
+            {
+                let mut len = 0usize;
+                let p = dma(handle, &mut len, raw::REDISMODULE_WRITE as c_int);
+                if !p.is_null() && len == bytes.len() {
+                    std::ptr::copy_nonoverlapping(bytes.as_ptr(), p.cast::<u8>(), len);
+                    if get_expire(handle) != no_expire {
+                        set_expire(handle, no_expire);
+                    }
+                    done = true;
+                }
+            }
+            if !done {
+                done = set(handle, value) == raw::REDISMODULE_OK as c_int;
+            }
             close(handle);
-            s
-        };
-        if status == raw::REDISMODULE_OK as c_int
-            && let Some(notify) = raw::RedisModule_NotifyKeyspaceEvent
-        {
+            done
+        }
+    };
+    if !written {
+        return Err("RM_StringSet failed".into());
+    }
+    if let Some(notify) = unsafe {
+        // SAFETY: as above.
+        raw::RedisModule_NotifyKeyspaceEvent
+    } {
+        unsafe {
+            // SAFETY: a NUL-terminated static event name and a live key name.
             notify(
                 raw_ctx,
                 raw::REDISMODULE_NOTIFY_STRING,
@@ -132,12 +184,209 @@ pub fn set_string(ctx: &Context, key: &[u8], value: &[u8]) -> Result<(), String>
                 name,
             );
         }
-        free(raw_ctx, data);
-        free(raw_ctx, name);
-        if status == raw::REDISMODULE_OK as c_int {
-            Ok(())
-        } else {
-            Err("RM_StringSet failed".into())
+    }
+    Ok(())
+}
+
+/// A RedisModuleString copied from `bytes`, owned by the caller (freed
+/// with [`free_string`]).
+fn create_string(
+    raw_ctx: *mut raw::RedisModuleCtx,
+    bytes: &[u8],
+) -> Option<*mut raw::RedisModuleString> {
+    let create = unsafe {
+        // SAFETY: filled in by RedisModule_Init; read by value.
+        raw::RedisModule_CreateString
+    }?;
+    let s = unsafe {
+        // SAFETY: Redis copies `len` bytes from a live slice.
+        create(raw_ctx, bytes.as_ptr().cast(), bytes.len())
+    };
+    (!s.is_null()).then_some(s)
+}
+
+/// Free a string made by [`create_string`] with the same context.
+fn free_string(raw_ctx: *mut raw::RedisModuleCtx, s: *mut raw::RedisModuleString) {
+    if let Some(free) = unsafe {
+        // SAFETY: filled in by RedisModule_Init; read by value.
+        raw::RedisModule_FreeString
+    } {
+        unsafe {
+            // SAFETY: `s` was created with `raw_ctx` and is freed once.
+            free(raw_ctx, s);
+        }
+    }
+}
+
+/// Set `key` to the string `value` through the key API (RM_OpenKey,
+/// RM_StringSet, RM_CloseKey): like SET, it replaces any value and its
+/// TTL, closing the key signals WATCH, and a `set` keyspace event is sent
+/// as SET sends one. Replicating it is the caller's job (RM_Replicate).
+/// Several times cheaper than a SET through RM_Call.
+pub fn set_string(ctx: &Context, key: &[u8], value: &[u8]) -> Result<(), String> {
+    let raw_ctx = ctx.get_raw();
+    let name = create_string(raw_ctx, key);
+    let data = create_string(raw_ctx, value);
+    let result = match (name, data) {
+        (Some(name), Some(data)) => unsafe {
+            // SAFETY: both strings live until freed below; `data` holds `value`.
+            set_key(raw_ctx, name, value, data)
+        },
+        _ => Err("RM_CreateString failed".into()),
+    };
+    for s in [data, name].into_iter().flatten() {
+        free_string(raw_ctx, s);
+    }
+    result
+}
+
+/// FENCE.SET's write, in one step of the command: the data key `key` set to
+/// `value` (the command's own argument strings, shared as SET shares
+/// them, not copied), then `state_key` to `state`, each as
+/// [`set_string`] does, and both replicated as ONE `MSET` (which replicas
+/// and the AOF apply atomically, without a MULTI/EXEC wrapper). If the
+/// first write fails nothing is written or replicated.
+pub fn set_pair(
+    ctx: &Context,
+    key: &RedisString,
+    value: &RedisString,
+    state_key: &[u8],
+    state: &[u8],
+) -> Result<(), String> {
+    let raw_ctx = ctx.get_raw();
+    let name = create_string(raw_ctx, state_key);
+    let data = create_string(raw_ctx, state);
+    let result = match (name, data) {
+        (Some(name), Some(data)) => unsafe {
+            // SAFETY: `key` and `value` are the command's argv strings, live
+            // for the whole command; `name` and `data` until freed below.
+            set_key(raw_ctx, key.inner, value.as_slice(), value.inner)
+                .and_then(|()| set_key(raw_ctx, name, state, data))
+                .map(|()| replicate_mset(raw_ctx, &mut [key.inner, value.inner, name, data]))
+        },
+        _ => Err("RM_CreateString failed".into()),
+    };
+    for s in [data, name].into_iter().flatten() {
+        free_string(raw_ctx, s);
+    }
+    result
+}
+
+/// `MSET args…` into the replication stream and the AOF, after whatever the
+/// command propagated before (RM_Replicate takes its own references).
+///
+/// # Safety
+///
+/// `args` are live strings; `raw_ctx` is the calling command's context.
+unsafe fn replicate_mset(
+    raw_ctx: *mut raw::RedisModuleCtx,
+    args: &mut [*mut raw::RedisModuleString],
+) {
+    if let Some(replicate) = unsafe {
+        // SAFETY: filled in by RedisModule_Init; read by value.
+        raw::RedisModule_Replicate
+    } {
+        unsafe {
+            // SAFETY: format "v" consumes a `RedisModuleString **` and a
+            // `size_t` count, which is what is passed; Redis retains the
+            // strings it keeps.
+            replicate(
+                raw_ctx,
+                c"MSET".as_ptr(),
+                c"v".as_ptr(),
+                args.as_mut_ptr(),
+                args.len(),
+            );
+        }
+    }
+}
+
+/// Whether the key named `name` exists (RM_KeyExists, Redis 7.0+), or
+/// `None` where the server lacks it (the caller opens the key instead).
+pub fn key_exists(ctx: &Context, name: &[u8]) -> Option<bool> {
+    let exists = unsafe {
+        // SAFETY: filled in by RedisModule_Init; read by value.
+        raw::RedisModule_KeyExists
+    }?;
+    let raw_ctx = ctx.get_raw();
+    let s = create_string(raw_ctx, name)?;
+    let found = unsafe {
+        // SAFETY: a live string and the calling command's context.
+        exists(raw_ctx, s)
+    };
+    free_string(raw_ctx, s);
+    Some(found != 0)
+}
+
+/// Send `value` as the command's reply with the module API directly (the
+/// crate's writer allocates a CString per simple string). A simple string
+/// holding a NUL (which RM_ReplyWithSimpleString would cut) goes out as a
+/// bulk string; kinds the module never builds go through the crate.
+pub fn reply(ctx: &Context, value: RedisValue) {
+    let raw_ctx = ctx.get_raw();
+    let (Some(array), Some(simple), Some(long), Some(buffer), Some(null)) = (unsafe {
+        // SAFETY: function pointers filled in by RedisModule_Init; read by value.
+        (
+            raw::RedisModule_ReplyWithArray,
+            raw::RedisModule_ReplyWithSimpleString,
+            raw::RedisModule_ReplyWithLongLong,
+            raw::RedisModule_ReplyWithStringBuffer,
+            raw::RedisModule_ReplyWithNull,
+        )
+    }) else {
+        ctx.reply(Ok(value));
+        return;
+    };
+    let bulk = |bytes: &[u8]| unsafe {
+        // SAFETY: Redis copies `len` bytes from a live slice.
+        buffer(raw_ctx, bytes.as_ptr().cast(), bytes.len());
+    };
+    let status = |text: &str| {
+        if text.as_bytes().contains(&0) {
+            bulk(text.as_bytes());
+            return;
+        }
+        // NUL-terminated on the stack when short (every status the module
+        // sends), else on the heap.
+        let mut small = [0u8; 64];
+        if let Some(dst) = small.get_mut(..text.len()).filter(|_| text.len() < 64) {
+            dst.copy_from_slice(text.as_bytes());
+            unsafe {
+                // SAFETY: `small` holds the text and at least one NUL after it.
+                simple(raw_ctx, small.as_ptr().cast());
+            }
+        } else if let Ok(c) = std::ffi::CString::new(text) {
+            unsafe {
+                // SAFETY: a NUL-terminated string, live across the call.
+                simple(raw_ctx, c.as_ptr());
+            }
+        }
+    };
+    match value {
+        RedisValue::Integer(i) => unsafe {
+            // SAFETY: the calling command's context.
+            long(raw_ctx, i);
+        },
+        RedisValue::SimpleStringStatic(s) => status(s),
+        RedisValue::SimpleString(s) => status(&s),
+        RedisValue::BulkString(s) => bulk(s.as_bytes()),
+        RedisValue::StringBuffer(b) => bulk(&b),
+        RedisValue::Null => unsafe {
+            // SAFETY: the calling command's context.
+            null(raw_ctx);
+        },
+        RedisValue::Array(items) => {
+            let n = std::os::raw::c_long::try_from(items.len()).unwrap_or(0);
+            unsafe {
+                // SAFETY: the calling command's context; exactly `n` items follow.
+                array(raw_ctx, n);
+            }
+            for item in items.into_iter().take(usize::try_from(n).unwrap_or(0)) {
+                reply(ctx, item);
+            }
+        }
+        other => {
+            ctx.reply(Ok(other));
         }
     }
 }

@@ -71,7 +71,8 @@ fn crc16(bytes: &[u8]) -> u16 {
 /// The two forms never collide: only the second has bytes after the first
 /// `}`.
 pub fn state_key(kind: &[u8], name: &[u8]) -> Result<Vec<u8>, NoSlotKey> {
-    let mut key = kind.to_vec();
+    let mut key = Vec::with_capacity(kind.len() + name.len() + 3);
+    key.extend_from_slice(kind);
     if !name.contains(&b'}') {
         key.push(b'{');
         key.extend_from_slice(name);

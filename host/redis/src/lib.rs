@@ -27,7 +27,9 @@
 //!   no module.
 //! - `commands` holds the handlers, `rules` the argument parsing and the
 //!   error lines, `ffi` the module API calls the `redis-module` crate does
-//!   not wrap.
+//!   not wrap, and the hot path's writes, replication and replies made
+//!   straight through the module API (the crate's wrappers copy and
+//!   allocate per call).
 //!
 //! # Example
 //!

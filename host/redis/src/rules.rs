@@ -83,9 +83,10 @@ pub fn number(what: &str, bytes: &[u8]) -> Result<u64, Refusal> {
 
 /// A token as text (`[AUTHORITY:]EPOCH.COUNTER`, optionally signed).
 pub fn token(bytes: &[u8]) -> Result<SignedTokenText, Refusal> {
-    let shown: String = String::from_utf8_lossy(bytes).chars().take(80).collect();
-    let text = std::str::from_utf8(bytes)
-        .map_err(|_| Refusal::new("BADTOKEN", format!("invalid token {shown:?}")))?;
+    let text = std::str::from_utf8(bytes).map_err(|_| {
+        let shown: String = String::from_utf8_lossy(bytes).chars().take(80).collect();
+        Refusal::new("BADTOKEN", format!("invalid token {shown:?}"))
+    })?;
     text.parse::<SignedTokenText>()
         .map_err(|e| Refusal::new("BADTOKEN", e))
 }

@@ -33,7 +33,7 @@ static COUNTS: [AtomicU64; OPERATIONS.len() * OUTCOMES * EPOCHS] =
 
 /// The `epoch` label's index of a token argument (`none` when it is not
 /// a token).
-fn epoch_index(token: &[u8]) -> usize {
+pub(crate) fn epoch_index(token: &[u8]) -> usize {
     let token = std::str::from_utf8(token)
         .ok()
         .and_then(|t| t.parse::<fencecheck::SignedTokenText>().ok())
@@ -58,15 +58,14 @@ fn outcome_index<T>(result: &Result<T, Refusal>, duplicate: impl Fn(&T) -> bool)
     }
 }
 
-/// Count one fenced command's result.
+/// Count one fenced command's result under its `epoch` label index.
 pub(crate) fn count<T>(
     operation: Operation,
-    token: &[u8],
+    epoch: usize,
     result: &Result<T, Refusal>,
     duplicate: impl Fn(&T) -> bool,
 ) {
-    let i = (operation as usize * OUTCOMES + outcome_index(result, duplicate)) * EPOCHS
-        + epoch_index(token);
+    let i = (operation as usize * OUTCOMES + outcome_index(result, duplicate)) * EPOCHS + epoch;
     if let Some(counter) = COUNTS.get(i) {
         counter.fetch_add(1, Ordering::Relaxed);
     }

@@ -386,6 +386,52 @@ fn fenced_writes_notify_like_set() -> Result<()> {
     )
 }
 
+/// FENCE.SET leaves its data key and the state key as SET would, whether
+/// the new bytes have the old length (rewritten in place) or not (the value
+/// replaced): exactly the new bytes, no TTL left, any other type replaced,
+/// and a client WATCHing either key sees its transaction aborted.
+#[test]
+fn fenced_writes_replace_like_set() -> Result<()> {
+    each_server(Options::module(), |server| {
+        let mut c = server.conn()?;
+        let state = "fencecheck:{doc}";
+        c.ok(&["FENCE.SET", "doc", "0.1", "aaaa"])?;
+        for (version, (token, value)) in [("0.2", "bbbb"), ("0.3", "cc"), ("0.4", "dddddddd")]
+            .into_iter()
+            .enumerate()
+        {
+            for key in ["doc", state] {
+                c.ok(&["PEXPIRE", key, "100000"])?;
+            }
+            let mut watchers = Vec::new();
+            for key in ["doc", state] {
+                let mut w = server.conn()?;
+                w.ok(&["WATCH", key])?;
+                watchers.push(w);
+            }
+            let got = applied(&c.ok(&["FENCE.SET", "doc", token, value])?)?;
+            ensure!(
+                usize::try_from(got)? == version + 2,
+                "{token}: version {got}"
+            );
+            ensure!(c.ok(&["GET", "doc"])?.text().as_deref() == Some(value));
+            for key in ["doc", state] {
+                let ttl = c.ok(&["PTTL", key])?;
+                ensure!(ttl == Value::Int(-1), "{key} kept a TTL: {ttl:?}");
+            }
+            for mut w in watchers {
+                w.ok(&["MULTI"])?;
+                w.ok(&["PING"])?;
+                ensure!(w.ok(&["EXEC"])? == Value::Nil, "a WATCH missed {token}");
+            }
+        }
+        c.ok(&["RPUSH", "list", "x"])?;
+        applied(&c.ok(&["FENCE.SET", "list", "0.1", "now a string"])?)?;
+        ensure!(c.ok(&["GET", "list"])?.text().as_deref() == Some("now a string"));
+        Ok(())
+    })
+}
+
 /// A small deterministic generator (xorshift).
 struct Rng(u64);
 impl Rng {
