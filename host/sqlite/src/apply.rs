@@ -26,21 +26,30 @@ use rusqlite::types::ValueRef;
 
 use crate::fence::{Rejection, decision};
 
-/// The function's name and the publish statement that calls it, made once
-/// per process. The suffix comes from std's random hash keys, so no function
-/// of that name can be on the connection before this crate registers it: if
-/// the statement prepares, it calls this crate's function. That matters
-/// because an autocommit statement commits before the caller could look at
-/// what was recorded.
-fn names() -> &'static (String, String) {
-    static NAMES: OnceLock<(String, String)> = OnceLock::new();
+/// The function's name and the two statements that call it (publish's and
+/// `fenced_write`'s), made once per process. The suffix comes from std's
+/// random hash keys, so no function of that name can be on the connection
+/// before this crate registers it: if a statement prepares, it calls this
+/// crate's function. That matters because an autocommit statement commits
+/// before the caller could look at what was recorded.
+struct Names {
+    function: String,
+    publish: String,
+    write: String,
+}
+
+fn names() -> &'static Names {
+    static NAMES: OnceLock<Names> = OnceLock::new();
     NAMES.get_or_init(|| {
-        let name = format!(
+        let function = format!(
             "fencecheck_apply_{:016x}",
             RandomState::new().hash_one("fencecheck_apply")
         );
-        let publish = format!("{PUBLISH_HEAD}{name}{PUBLISH_TAIL}");
-        (name, publish)
+        Names {
+            publish: format!("{PUBLISH_HEAD}{function}{PUBLISH_TAIL}"),
+            write: format!("{PUBLISH_HEAD}{function}{WRITE_TAIL}"),
+            function,
+        }
     })
 }
 
@@ -59,6 +68,16 @@ const PUBLISH_TAIL: &str = "(fence_state, version), \
     version = version + 1, visible_object = ?2, published_at_ms = ?3 \
     WHERE scope = ?1 \
     AND EXISTS (SELECT 1 FROM fencecheck_objects WHERE id = ?2 AND scope = ?1) \
+    AND NOT EXISTS (SELECT 1 FROM fencecheck_keys \
+    WHERE substr(?1, 1, length(scope_prefix)) = scope_prefix)";
+
+// `fenced_write`'s state, checked and stored in one statement inside its
+// `BEGIN IMMEDIATE` transaction, before the caller's mutation runs (which
+// needs the decision); keyed scopes match no row and take read-then-write,
+// as in publish.
+const WRITE_TAIL: &str = "(fence_state, version), \
+    version = version + 1 \
+    WHERE scope = ?1 \
     AND NOT EXISTS (SELECT 1 FROM fencecheck_keys \
     WHERE substr(?1, 1, length(scope_prefix)) = scope_prefix)";
 
@@ -124,18 +143,36 @@ pub(crate) fn publish_one(
     at_ms: i64,
 ) -> (rusqlite::Result<usize>, Recorded) {
     with_call(decide, || {
-        let (name, sql) = names();
-        let mut statement = match conn.prepare_cached(sql) {
-            Ok(statement) => statement,
-            // The first publish on this connection: register the function
-            // and prepare again (a real error, e.g. no tables, shows then).
-            Err(_) => {
-                register(conn, name)?;
-                conn.prepare_cached(sql)?
-            }
-        };
-        statement.execute(rusqlite::params![scope, object, at_ms])
+        prepared(conn, &names().publish)?.execute(rusqlite::params![scope, object, at_ms])
     })
+}
+
+/// Decide through `decide` and store the new state of `scope` with one
+/// UPDATE (no row changes unless applied), for `fenced_write`, inside the
+/// caller's transaction: a raise aborts this statement only, and the caller
+/// rolls back or falls back to read-then-write.
+pub(crate) fn write_one(
+    conn: &Connection,
+    decide: &mut Decide<'_>,
+    scope: &str,
+) -> (rusqlite::Result<usize>, Recorded) {
+    with_call(decide, || prepared(conn, &names().write)?.execute([scope]))
+}
+
+/// `sql` from the connection's statement cache; the first time on this
+/// connection, the function is registered and the statement prepared again
+/// (a real error, e.g. no tables, shows then).
+fn prepared<'c>(
+    conn: &'c Connection,
+    sql: &str,
+) -> rusqlite::Result<rusqlite::CachedStatement<'c>> {
+    match conn.prepare_cached(sql) {
+        Ok(statement) => Ok(statement),
+        Err(_) => {
+            register(conn, &names().function)?;
+            conn.prepare_cached(sql)
+        }
+    }
 }
 
 /// Run `statement` with `decide` reachable from the function, and return its
@@ -319,7 +356,7 @@ mod tests {
     #[test]
     fn the_function_runs_only_inside_publish() -> Result<()> {
         let (conn, _) = store()?;
-        let (name, _) = names();
+        let name = &names().function;
         let outside = conn.query_row(&format!("SELECT {name}(x'00', 1)"), [], |r| {
             r.get::<_, Vec<u8>>(0)
         });

@@ -6,8 +6,9 @@ use crate::{LAYOUT_VERSION, ObjectId};
 /// `Ok(Fenced::Rejected(Rejection::StaleFence { .. }))`, definitive and not
 /// retryable. Whenever an `Error` is returned, the transaction was rolled back
 /// and nothing changed, except after [`Error::TransactionEnded`]: the
-/// caller's mutation committed by itself, so what it wrote before that
-/// stands, without a new fence state.
+/// caller's mutation ended the transaction itself, so what it wrote before
+/// that stands if it committed (with the new fence state, which
+/// [`fenced_write`](crate::fenced_write) stores before the mutation runs).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -26,9 +27,13 @@ pub enum Error {
     /// The caller's mutation failed; its changes were rolled back with the rest.
     #[error("the fenced mutation failed, nothing was stored: {0}")]
     Mutation(#[source] Box<dyn std::error::Error + Send + Sync + 'static>),
-    /// The caller's mutation ended the transaction itself (e.g. ran `COMMIT`),
-    /// so the new fence state could no longer be stored with it.
-    #[error("the fenced mutation ended the transaction itself; the fence state was not stored")]
+    /// The caller's mutation ended the transaction itself (e.g. ran `COMMIT`
+    /// or `ROLLBACK`): `fenced_write` stored the new fence state before the
+    /// mutation ran, so a `COMMIT` committed it with what the mutation wrote
+    /// before, and a `ROLLBACK` undid both.
+    #[error(
+        "the fenced mutation ended the transaction itself (a COMMIT in it committed the fence state with its writes; a ROLLBACK undid both)"
+    )]
     TransactionEnded,
     /// `publish` named an object that is not staged under the request's scope:
     /// never staged, already collected, or staged for another scope.

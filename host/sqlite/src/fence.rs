@@ -1,10 +1,12 @@
-//! The fenced transaction: read state → check → mutation → store state, in
-//! one `BEGIN IMMEDIATE` transaction.
+//! The fenced transaction: read state → check → store state → mutation, in
+//! one `BEGIN IMMEDIATE` transaction (publish: mutation, then the state with
+//! the pointer).
 
 pub use fencecheck::{Accepted, Fenced, Rejection};
 use fencecheck::{Checker, Request, SignedOutcome, Token};
 use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
 
+use crate::apply::{self, Recorded};
 use crate::error::sql;
 use crate::{Error, ObjectId};
 
@@ -48,13 +50,18 @@ UPDATE fencecheck_scopes
 
 /// Run `mutation` under the fence in one `BEGIN IMMEDIATE` transaction: read
 /// the scope's state (and its signing keys, if the scope requires signed
-/// tokens: [`crate::set_keys`]), check `request`, and only on `applied` run
-/// the mutation and store the new state, then commit. On a rejection or any error the
-/// transaction rolls back and nothing changes.
+/// tokens: [`crate::set_keys`]), check `request`, and only on `applied`
+/// store the new state and run the mutation, then commit. On a rejection or
+/// any error the transaction rolls back and nothing changes.
+///
+/// For an existing, unkeyed scope the read, the check and the store are ONE
+/// UPDATE that decides inside itself (as [`crate::publish`] does), so the
+/// transaction is that statement, the mutation's, and `BEGIN`/`COMMIT`.
 ///
 /// The mutation receives the open transaction (do every write of the
 /// protected operation through it) and what the fence accepted. It must not
-/// end the transaction itself.
+/// end the transaction itself. The new state is already written in the
+/// transaction when it runs.
 pub fn fenced_write<C, T, E>(
     conn: &mut Connection,
     checker: &mut C,
@@ -100,6 +107,47 @@ where
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .map_err(sql("beginning the fenced transaction"))?;
+    if let Store::State = store {
+        // Read, check and store in one statement: the function decides on
+        // the row's current value under the write lock BEGIN IMMEDIATE took.
+        let (changed, recorded) = {
+            let mut decide = |state: Option<&[u8]>| checker.decide(state, request, None);
+            apply::write_one(&tx, &mut decide, &request.scope)
+        };
+        match (changed, recorded) {
+            (Ok(1), Recorded::Applied { version, highest }) => {
+                return finish(tx, Accepted { version, highest }, mutation);
+            }
+            // The function raised: the statement changed nothing, and
+            // dropping `tx` rolls back the rest.
+            (Err(_), Recorded::Rejected(rejection)) => return Ok(Fenced::Rejected(rejection)),
+            (Err(_), Recorded::Failed(e)) => return Err(Error::Check(e)),
+            (_, Recorded::Panicked(payload)) => std::panic::resume_unwind(payload),
+            // No row yet, a scope that requires signed tokens, or a row the
+            // statement would not decide for: read-then-write below, in the
+            // same transaction (the raise undid only its own statement).
+            (Ok(0), _) | (Err(_), Recorded::Fallback) => {}
+            (Err(e), _) => return Err(sql("storing the fence state")(e)),
+            // A row changed without this crate's decision: unreachable while
+            // the function's name is private to this process.
+            (Ok(n), _) => {
+                return Err(sql("storing the fence state")(
+                    rusqlite::Error::StatementChangedRows(n),
+                ));
+            }
+        }
+        // A raise aborts only its statement; should SQLite ever have ended
+        // the transaction instead, the read and the store below must not
+        // run as two autocommit statements.
+        if tx.is_autocommit() {
+            return Err(sql("storing the fence state")(
+                rusqlite::Error::SqliteFailure(
+                    rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_ABORT),
+                    Some("the fenced transaction ended".into()),
+                ),
+            ));
+        }
+    }
     // Under the write lock, state and keys together: a key change is
     // ordered before or after this write, never in between.
     let (stored, keyed): (Option<Vec<u8>>, bool) = tx
@@ -122,19 +170,22 @@ where
         why: format!("{version} does not fit a SQLite INTEGER"),
     })?;
     let accepted = Accepted { version, highest };
-    let value = mutation(&tx, &accepted).map_err(|e| Error::Mutation(e.into()))?;
-    if tx.is_autocommit() {
-        return Err(Error::TransactionEnded);
-    }
     let exists = stored.is_some();
     match store {
         Store::State => {
+            // The state first, then the mutation, as the one-statement path
+            // does: whatever the mutation does, it commits with its state.
             let statement = if exists { UPDATE_STATE } else { INSERT_STATE };
             tx.prepare_cached(statement)
                 .and_then(|mut s| s.execute(params![request.scope, state, stored_version]))
                 .map_err(sql("storing the fence state"))?;
+            finish(tx, accepted, mutation)
         }
         Store::Publish { object, at_ms } => {
+            let value = mutation(&tx, &accepted).map_err(|e| Error::Mutation(e.into()))?;
+            if tx.is_autocommit() {
+                return Err(Error::TransactionEnded);
+            }
             let statement = if exists {
                 UPDATE_PUBLISH
             } else {
@@ -158,12 +209,44 @@ where
                     scope: request.scope.clone(),
                 });
             }
+            commit(tx)?;
+            Ok(Fenced::Applied {
+                version,
+                highest,
+                value,
+            })
         }
     }
-    tx.commit().map_err(sql("committing the fenced write"))?;
+}
+
+/// The state is stored in `tx`: run the mutation, then commit.
+fn finish<T, E>(
+    tx: Transaction<'_>,
+    accepted: Accepted,
+    mutation: impl FnOnce(&Transaction<'_>, &Accepted) -> Result<T, E>,
+) -> Result<Fenced<T>, Error>
+where
+    E: Into<Box<dyn std::error::Error + Send + Sync + 'static>>,
+{
+    let value = mutation(&tx, &accepted).map_err(|e| Error::Mutation(e.into()))?;
+    if tx.is_autocommit() {
+        return Err(Error::TransactionEnded);
+    }
+    commit(tx)?;
     Ok(Fenced::Applied {
-        version,
-        highest,
+        version: accepted.version,
+        highest: accepted.highest,
         value,
     })
+}
+
+/// `COMMIT` from the connection's statement cache (rusqlite's
+/// `Transaction::commit` parses it on every call). Committed, `tx` finds the
+/// connection in autocommit mode and its drop does nothing; if COMMIT
+/// failed, the drop rolls back, as `Transaction::commit` would have.
+fn commit(tx: Transaction<'_>) -> Result<(), Error> {
+    tx.prepare_cached("COMMIT")
+        .and_then(|mut s| s.execute([]))
+        .map_err(sql("committing the fenced write"))?;
+    Ok(())
 }

@@ -1,12 +1,14 @@
 //! Fenced writes on SQLite, and the seed's fenced publish protocol, decided by
 //! the fencecheck component.
 //!
-//! Every write runs "read state → check → mutation → store state" in ONE
+//! Every write runs "read state → check → store state and mutation" in ONE
 //! write transaction that takes the lock before the read; anything but
 //! `applied` rolls back and changes nothing. [`fenced_write`] runs it as
-//! `BEGIN IMMEDIATE` … `COMMIT`; [`publish`] to an existing scope as ONE
-//! UPDATE statement that checks inside itself (through an SQL function this
-//! crate registers on the connection). The decision comes from the same
+//! `BEGIN IMMEDIATE` … `COMMIT`, with the read, the check and the store of
+//! an existing scope's state in one statement before the mutation;
+//! [`publish`] to an existing scope as ONE UPDATE statement. Both check
+//! inside the statement, through an SQL function this crate registers on
+//! the connection. The decision comes from the same
 //! component every other host loads (a [`fencecheck::Instance`]), or any
 //! [`fencecheck::Checker`].
 //!

@@ -1,8 +1,8 @@
-//! `fenced_write`: read state → check → mutation → store state, atomically.
+//! `fenced_write`: read state → check → store state and mutation, atomically.
 
 mod common;
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::time::Duration;
 
 use anyhow::{Result, ensure};
@@ -10,6 +10,7 @@ use common::{Db, rows, runtime, strict};
 use fencecheck::{CheckError, Checker, Corruption, Decision, Native, Policy, Request, Token};
 use fencecheck_sqlite::{Error, Fenced, Rejection, fenced_write, stored_state};
 use rusqlite::Connection;
+use rusqlite::trace::{TraceEvent, TraceEventCodes};
 
 const SCOPE: &str = "report/july";
 
@@ -220,5 +221,144 @@ fn stored_state_matches_the_native_reference() -> Result<()> {
             "{counter}: bytes differ"
         );
     }
+    Ok(())
+}
+
+thread_local! {
+    /// The statements traced on this test's thread.
+    static TRACED: RefCell<Vec<String>> = const { RefCell::new(Vec::new()) };
+}
+
+fn record(event: TraceEvent<'_>) {
+    if let TraceEvent::Stmt(_, sql) = event {
+        TRACED.with(|t| {
+            t.borrow_mut()
+                .push(sql.split_whitespace().collect::<Vec<_>>().join(" "))
+        });
+    }
+}
+
+/// `write`, returning the statements it ran (first words only).
+fn traced(
+    conn: &mut Connection,
+    request: &Request,
+    note: &str,
+) -> Result<(Fenced<i64>, Vec<String>)> {
+    TRACED.with(|t| t.take());
+    conn.trace_v2(TraceEventCodes::SQLITE_TRACE_STMT, Some(record));
+    let outcome = write(conn, request, note);
+    conn.trace_v2(TraceEventCodes::empty(), None);
+    let statements = TRACED.with(|t| t.take());
+    Ok((
+        outcome?,
+        statements
+            .iter()
+            .map(|s| s.split(' ').take(2).collect::<Vec<_>>().join(" "))
+            .collect(),
+    ))
+}
+
+/// A write to an existing, unkeyed scope reads, checks and stores the state
+/// in ONE UPDATE under `BEGIN IMMEDIATE`, before the mutation: no separate
+/// read of the state; the first write of a scope reads, then inserts.
+#[test]
+fn existing_scope_is_checked_and_stored_by_one_statement() -> Result<()> {
+    let (_db, mut conn) = setup()?;
+    let (first, statements) = traced(&mut conn, &strict(SCOPE, 41), "a")?;
+    ensure!(first.is_applied(), "{first:?}");
+    ensure!(
+        statements
+            == [
+                "BEGIN IMMEDIATE",
+                "UPDATE fencecheck_scopes",
+                "SELECT (SELECT",
+                "INSERT INTO",
+                "INSERT INTO",
+                "SELECT count(*)",
+                "COMMIT",
+            ],
+        "{statements:?}"
+    );
+    let (second, statements) = traced(&mut conn, &strict(SCOPE, 42), "b")?;
+    ensure!(second.is_applied(), "{second:?}");
+    ensure!(
+        statements
+            == [
+                "BEGIN IMMEDIATE",
+                "UPDATE fencecheck_scopes",
+                "INSERT INTO",
+                "SELECT count(*)",
+                "COMMIT",
+            ],
+        "{statements:?}"
+    );
+    let (stale, statements) = traced(&mut conn, &strict(SCOPE, 42), "c")?;
+    ensure!(stale.name() == "stale-fence", "{stale:?}");
+    ensure!(
+        statements == ["BEGIN IMMEDIATE", "UPDATE fencecheck_scopes", "ROLLBACK"],
+        "{statements:?}"
+    );
+    ensure!(
+        rows(&conn, "SELECT note FROM ledger ORDER BY rowid")? == ["Text(\"a\")", "Text(\"b\")"]
+    );
+    Ok(())
+}
+
+/// The state is stored before the mutation runs, so a mutation that commits
+/// by itself commits the new state with what it wrote: a mutation's writes
+/// never stand without their state.
+#[test]
+fn mutation_that_commits_commits_its_state() -> Result<()> {
+    let (_db, mut conn) = setup()?;
+    ensure!(write(&mut conn, &strict(SCOPE, 41), "a")?.is_applied());
+    let mut guest = runtime()?.instance()?;
+    let result = fenced_write(&mut conn, &mut guest, &strict(SCOPE, 42), |tx, _| {
+        tx.execute_batch("INSERT INTO ledger VALUES ('report/july', 2, 'b'); COMMIT")
+    });
+    ensure!(matches!(result, Err(Error::TransactionEnded)), "{result:?}");
+    let state = stored_state(&conn, SCOPE)?.ok_or_else(|| anyhow::anyhow!("no state"))?;
+    let info = Native
+        .inspect(&state)?
+        .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    ensure!(
+        info.version == 2 && info.highest == Token::new(0, 0, 42),
+        "{info:?}"
+    );
+    ensure!(rows(&conn, "SELECT count(*) FROM ledger")? == ["Integer(2)"]);
+    Ok(())
+}
+
+/// A row whose `version` column is out of step with its state is decided by
+/// read-then-write in the same transaction, exactly as before: applied once,
+/// the column set to the state's version, the mutation run once.
+#[test]
+fn version_out_of_step_is_decided_by_read_then_write() -> Result<()> {
+    let (_db, mut conn) = setup()?;
+    ensure!(write(&mut conn, &strict(SCOPE, 41), "a")?.is_applied());
+    conn.execute("UPDATE fencecheck_scopes SET version = 7", [])?;
+    let (outcome, statements) = traced(&mut conn, &strict(SCOPE, 42), "b")?;
+    ensure!(
+        outcome
+            == Fenced::Applied {
+                version: 2,
+                highest: Token::new(0, 0, 42),
+                value: 2
+            },
+        "{outcome:?}"
+    );
+    ensure!(
+        statements
+            == [
+                "BEGIN IMMEDIATE",
+                "UPDATE fencecheck_scopes",
+                "SELECT (SELECT",
+                "UPDATE fencecheck_scopes",
+                "INSERT INTO",
+                "SELECT count(*)",
+                "COMMIT",
+            ],
+        "{statements:?}"
+    );
+    ensure!(rows(&conn, "SELECT version FROM fencecheck_scopes")? == ["Integer(2)"]);
     Ok(())
 }
