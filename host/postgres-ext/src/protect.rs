@@ -31,9 +31,9 @@
 
 use std::ffi::{CStr, c_int};
 
+use pgrx::IntoDatum;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
-use pgrx::{FromDatum, IntoDatum};
 
 use crate::calls::{self, Args};
 use crate::registry::{self, Fenced, as_owner};
@@ -73,22 +73,67 @@ fn expected_version() -> Result<Option<i64>, Raise> {
         })
 }
 
-/// A column's value as bytes (text, varchar, bytea), detoasted.
+/// A varlena datum's bytes, detoasted. Inline values (short or 4-byte
+/// headers, uncompressed) are read in place without calling PostgreSQL, as
+/// `pg_detoast_datum_packed` itself would return them; compressed or
+/// out-of-line ones go through it.
 ///
 /// # Safety
-/// `tuple` and `desc` must belong together, and `attnum` must be a column
-/// of a varlena type ([`Fenced::check_types`] checked it).
-unsafe fn value<'a>(
+/// `datum` must be a non-null varlena datum that lives for `'a`.
+unsafe fn bytes<'a>(datum: pg_sys::Datum) -> &'a [u8] {
+    let mut p = datum.cast_mut_ptr::<pg_sys::varlena>();
+    // SAFETY: per the caller; the header tests read only the first bytes.
+    unsafe {
+        if pgrx::varlena::varatt_is_4b_c(p) || pgrx::varlena::varatt_is_1b_e(p) {
+            p = pg_sys::pg_detoast_datum_packed(p);
+        }
+        pgrx::varlena::varlena_to_byte_slice(p)
+    }
+}
+
+/// Columns `attnums` of `tuple` as bytes (text, varchar, bytea), detoasted,
+/// NULL as `None`: one pass over the tuple (`heap_deform_tuple`) rather
+/// than one walk and one call into PostgreSQL per column.
+///
+/// # Safety
+/// `tuple` and `desc` must belong together, and every `attnum` must be a
+/// column of a varlena type ([`Fenced::check_types`] checked them).
+unsafe fn values<'a, const N: usize>(
     tuple: pg_sys::HeapTuple,
     desc: pg_sys::TupleDesc,
-    attnum: c_int,
-) -> Option<&'a [u8]> {
-    let mut is_null = false;
+    attnums: [c_int; N],
+) -> [Option<&'a [u8]>; N] {
+    /// Tables up to this many columns are read from stack buffers.
+    const MAX: usize = 64;
+    let mut out = [None; N];
     // SAFETY: per the caller.
-    unsafe {
-        let datum = pg_sys::SPI_getbinval(tuple, desc, attnum, &mut is_null);
-        <&[u8]>::from_datum(datum, is_null)
+    let natts = usize::try_from(unsafe { (*desc).natts }).unwrap_or(0);
+    if natts > MAX {
+        for (o, &attnum) in out.iter_mut().zip(&attnums) {
+            let mut is_null = false;
+            // SAFETY: per the caller.
+            *o = unsafe {
+                let datum = pg_sys::SPI_getbinval(tuple, desc, attnum, &mut is_null);
+                (!is_null && !datum.is_null()).then(|| bytes(datum))
+            };
+        }
+        return out;
     }
+    let mut datums = [pg_sys::Datum::from(0); MAX];
+    let mut nulls = [true; MAX];
+    // SAFETY: buffers of at least natts entries; the datums point into
+    // `tuple`, which outlives the firing.
+    unsafe { pg_sys::heap_deform_tuple(tuple, desc, datums.as_mut_ptr(), nulls.as_mut_ptr()) };
+    for (o, &attnum) in out.iter_mut().zip(&attnums) {
+        let Some(i) = usize::try_from(attnum - 1).ok().filter(|&i| i < natts) else {
+            continue;
+        };
+        if !nulls[i] && !datums[i].is_null() {
+            // SAFETY: a varlena column of the tuple, per the caller.
+            *o = Some(unsafe { bytes(datums[i]) });
+        }
+    }
+    out
 }
 
 /// `tuple` with its state column replaced, and its token column too when
@@ -106,20 +151,21 @@ unsafe fn with_state(
     let datum = |d: Option<pg_sys::Datum>| {
         d.ok_or_else(|| Raise::new(SqlState::RuntimeError, "a value has no datum"))
     };
-    let mut columns = vec![fenced.state];
-    let mut values = vec![datum(state.into_datum())?];
+    let mut columns = [fenced.state, fenced.token];
+    let mut values = [datum(state.into_datum())?, pg_sys::Datum::from(0)];
+    let mut nulls = [false; 2];
+    let mut n = 1;
     if let Some(token) = unsigned_token {
-        columns.push(fenced.token);
-        values.push(datum(token.into_datum())?);
+        values[1] = datum(token.into_datum())?;
+        n = 2;
     }
-    let mut nulls = vec![false; columns.len()];
-    // SAFETY: columns of this descriptor, one value and flag each;
-    // PostgreSQL copies the returned tuple.
+    // SAFETY: the first `n` columns of this descriptor, one value and flag
+    // each; PostgreSQL copies the returned tuple.
     let tuple = unsafe {
         pg_sys::heap_modify_tuple_by_cols(
             tuple,
             desc,
-            columns.len() as c_int,
+            n,
             columns.as_mut_ptr(),
             values.as_mut_ptr(),
             nulls.as_mut_ptr(),
@@ -132,13 +178,44 @@ unsafe fn with_state(
 /// and its columns' types.
 struct Firing<'a> {
     data: &'a pg_sys::TriggerData,
+    trig: &'a pg_sys::Trigger,
     event: pgrx::trigger_support::TriggerEvent,
     relid: pg_sys::Oid,
     desc: pg_sys::TupleDesc,
     fenced: Fenced,
-    /// The token and state columns' names, for messages.
-    token_name: &'a str,
-    state_name: &'a str,
+}
+
+impl Firing<'_> {
+    /// Trigger argument `i` (1: the token column, 2: the state column), for
+    /// messages only.
+    fn arg(&self, i: usize) -> String {
+        let n = usize::try_from(self.trig.tgnargs).unwrap_or(0);
+        if i >= n || self.trig.tgargs.is_null() {
+            return String::new();
+        }
+        // SAFETY: tgargs holds tgnargs NUL-terminated strings, which live in
+        // the relation's trigger descriptor while the trigger fires.
+        unsafe { CStr::from_ptr(*self.trig.tgargs.add(i)) }
+            .to_string_lossy()
+            .into_owned()
+    }
+}
+
+/// The fired trigger's arguments, checked: four, UTF-8.
+fn trigger_args(trig: &pg_sys::Trigger) -> Result<Vec<&str>, Raise> {
+    let nargs = usize::try_from(trig.tgnargs).unwrap_or(0);
+    if nargs != 4 || trig.tgargs.is_null() {
+        return Err(registry::unsound("the trigger does not take 4 arguments"));
+    }
+    (0..nargs)
+        .map(|i| {
+            // SAFETY: tgargs holds tgnargs NUL-terminated strings, which
+            // live in the relation's trigger descriptor while it fires.
+            unsafe { CStr::from_ptr(*trig.tgargs.add(i)) }
+                .to_str()
+                .map_err(|_| registry::unsound("an argument is not UTF-8"))
+        })
+        .collect()
 }
 
 /// # Safety
@@ -147,29 +224,22 @@ unsafe fn firing<'a>(fcinfo: pg_sys::FunctionCallInfo, name: &str) -> Result<Fir
     // SAFETY: PostgreSQL's fcinfo; `from_fcinfo` checks it is a trigger call.
     let trigger = unsafe { PgTrigger::from_fcinfo(&*fcinfo) }
         .map_err(|e| registry::unsound(format!("not called as a trigger: {e}")))?;
-    let trig = trigger.trigger();
+    let trig: &'a pg_sys::Trigger = trigger.trigger();
     let relid = trigger
         .relid()
         .map_err(|e| registry::unsound(format!("no relation: {e}")))?;
-    let nargs = usize::try_from(trig.tgnargs).unwrap_or(0);
-    if nargs != 4 || trig.tgargs.is_null() {
-        return Err(registry::unsound("the trigger does not take 4 arguments"));
-    }
-    let mut args: Vec<&'a str> = Vec::with_capacity(nargs);
-    for i in 0..nargs {
-        // SAFETY: tgargs holds tgnargs NUL-terminated strings, which live
-        // in the relation's trigger descriptor while the trigger fires.
-        let arg = unsafe { CStr::from_ptr(*trig.tgargs.add(i)) };
-        args.push(
-            arg.to_str()
-                .map_err(|_| registry::unsound("an argument is not UTF-8"))?,
-        );
-    }
     let data = trigger.trigger_data();
     // SAFETY: a trigger's relation is open and locked while it fires.
     let desc = unsafe { (*data.tg_relation).rd_att };
-    // SAFETY: desc is relid's descriptor.
-    let fenced = unsafe { registry::fenced(relid, desc, &args)? };
+    // A table found sound stays cached until a relcache invalidation of it
+    // (any change to its triggers, and so to their arguments, is one): its
+    // trigger's arguments are the registered ones, checked when the entry
+    // was made. Only a miss reads and checks them again.
+    let fenced = match registry::cached(relid) {
+        Some(fenced) => fenced,
+        // SAFETY: desc is relid's descriptor.
+        None => unsafe { registry::fenced(relid, desc, &trigger_args(trig)?)? },
+    };
     // The table is sound, so its trigger of this name is the one
     // fence_protect made with these arguments: the firing must be it.
     // SAFETY: tgname is the fired trigger's NUL-terminated name.
@@ -184,12 +254,11 @@ unsafe fn firing<'a>(fcinfo: pg_sys::FunctionCallInfo, name: &str) -> Result<Fir
     unsafe { fenced.check_types(desc)? };
     Ok(Firing {
         data,
+        trig,
         event: trigger.event(),
         relid,
         desc,
         fenced,
-        token_name: args[1],
-        state_name: args[2],
     })
 }
 
@@ -258,23 +327,18 @@ unsafe fn row_write(f: &Firing<'_>, operation: Operation) -> Result<pg_sys::Datu
         Operation::Insert => {
             let new = f.data.tg_trigtuple;
             // SAFETY: the new row of this relation, and its checked columns.
-            let (scope, token, state) = unsafe {
-                (
-                    value(new, desc, fenced.scope),
-                    value(new, desc, fenced.token),
-                    value(new, desc, fenced.state),
-                )
-            };
+            let [scope, token, state] =
+                unsafe { values(new, desc, [fenced.scope, fenced.token, fenced.state]) };
             if state.is_some() {
                 return Err(required(format!(
                     "{} is written by fencecheck only: insert it as NULL",
-                    f.state_name
+                    f.arg(2)
                 )));
             }
             let token = token.ok_or_else(|| {
                 required(format!(
                     "an INSERT into a fenced table must set {} to the writer's token",
-                    f.token_name
+                    f.arg(1)
                 ))
             })?;
             let scope_text = calls::text("scope", scope)?;
@@ -287,13 +351,10 @@ unsafe fn row_write(f: &Firing<'_>, operation: Operation) -> Result<pg_sys::Datu
         Operation::Update => {
             let (old, new) = (f.data.tg_trigtuple, f.data.tg_newtuple);
             // SAFETY: the old and new versions of a row of this relation.
-            let (old_scope, old_state, new_scope, new_state, token) = unsafe {
+            let ([old_scope, old_state], [new_scope, new_state, token]) = unsafe {
                 (
-                    value(old, desc, fenced.scope),
-                    value(old, desc, fenced.state),
-                    value(new, desc, fenced.scope),
-                    value(new, desc, fenced.state),
-                    value(new, desc, fenced.token),
+                    values(old, desc, [fenced.scope, fenced.state]),
+                    values(new, desc, [fenced.scope, fenced.state, fenced.token]),
                 )
             };
             if old_scope != new_scope {
@@ -302,7 +363,7 @@ unsafe fn row_write(f: &Firing<'_>, operation: Operation) -> Result<pg_sys::Datu
             if old_state != new_state {
                 return Err(required(format!(
                     "{} is written by fencecheck only",
-                    f.state_name
+                    f.arg(2)
                 )));
             }
             // SAFETY: tg_updatedcols is the SET list's column set (PostgreSQL
@@ -316,7 +377,7 @@ unsafe fn row_write(f: &Firing<'_>, operation: Operation) -> Result<pg_sys::Datu
             let token = token.filter(|_| presented).ok_or_else(|| {
                 required(format!(
                     "an UPDATE of a fenced table must SET {} to the writer's token",
-                    f.token_name
+                    f.arg(1)
                 ))
             })?;
             let keys = registry::scope_keys(calls::text("scope", old_scope)?)?;
@@ -327,12 +388,7 @@ unsafe fn row_write(f: &Firing<'_>, operation: Operation) -> Result<pg_sys::Datu
         Operation::Delete => {
             let old = f.data.tg_trigtuple;
             // SAFETY: the deleted row of this relation.
-            let (scope, state) = unsafe {
-                (
-                    value(old, desc, fenced.scope),
-                    value(old, desc, fenced.state),
-                )
-            };
+            let [scope, state] = unsafe { values(old, desc, [fenced.scope, fenced.state]) };
             let token = match settings::presented(Presented::Token) {
                 Value::Current(token) => token,
                 Value::Absent => {
@@ -374,7 +430,7 @@ pub(crate) unsafe fn inserted_trigger(
         return Err(registry::unsound("must fire AFTER INSERT … FOR EACH ROW"));
     }
     // SAFETY: the inserted row of this relation, its scope column checked.
-    let scope = unsafe { value(f.data.tg_trigtuple, f.desc, f.fenced.scope) };
+    let [scope] = unsafe { values(f.data.tg_trigtuple, f.desc, [f.fenced.scope]) };
     drop_mark(f.fenced.owner, f.relid, calls::text("scope", scope)?)?;
     Ok(pg_sys::Datum::from(0))
 }

@@ -167,6 +167,14 @@ fn prepare() {
     }
 }
 
+/// The fenced table `relid` if this backend found it sound and nothing has
+/// invalidated that since (the row trigger's hot path: no SQL, no catalog
+/// read).
+pub(crate) fn cached(relid: pg_sys::Oid) -> Option<Fenced> {
+    prepare();
+    FENCED.with(|f| f.borrow().get(&relid).copied())
+}
+
 /// The fenced table `relid`, whose firing trigger has `args`, checked as
 /// sound (5F016 otherwise).
 ///
