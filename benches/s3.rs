@@ -7,7 +7,12 @@
 //! upstream is s3s-fs in this process; the gateway is the release binary
 //! (`cargo build --release -p fencecheck-gateway` first, or set
 //! FENCECHECK_GATEWAY). Besides criterion's estimates it prints each
-//! case's median and p99 over every timed request.
+//! case's median and p99 over every timed request, then the ratios
+//! measured side by side: rounds in which the targets take turns request
+//! by request (so a change in the machine's load falls on both), each
+//! round's gateway / upstream ratio of medians, and the median of the
+//! rounds. FENCECHECK_GATEWAY_BEFORE (another build of the gateway) adds
+//! it as a third target in those rounds: before and after in one run.
 //!
 //! `cargo bench -p fencecheck-benches --bench s3`
 
@@ -52,8 +57,12 @@ fn gateway_binary() -> PathBuf {
     )
 }
 
-fn start_gateway(dir: &Path, upstream: &str) -> anyhow::Result<(GatewayProcess, String)> {
-    let binary = gateway_binary();
+fn start_gateway(
+    binary: PathBuf,
+    dir: &Path,
+    upstream: &str,
+) -> anyhow::Result<(GatewayProcess, String)> {
+    std::fs::create_dir_all(dir)?;
     if !binary.exists() {
         bail!(
             "{} is missing: cargo build --release -p fencecheck-gateway",
@@ -133,20 +142,123 @@ fn record(case: &str, took: Duration) {
     }
 }
 
+/// Rounds of the side-by-side comparison.
+const ROUNDS: usize = 5;
+
+/// One request of `case` to `store`, timed.
+fn once(
+    runtime: &tokio::runtime::Runtime,
+    store: &dyn ObjectStore,
+    put: bool,
+    path: &ObjectPath,
+    body: &PutPayload,
+    size: usize,
+) -> Duration {
+    let started = Instant::now();
+    if put {
+        let options = fenced();
+        if let Err(e) = runtime.block_on(store.put_opts(path, body.clone(), options)) {
+            panic!("put {path}: {e}");
+        }
+    } else {
+        match runtime.block_on(async { store.get(path).await?.bytes().await }) {
+            Ok(bytes) if bytes.len() == size => {}
+            Ok(bytes) => panic!("get {path}: {} bytes", bytes.len()),
+            Err(e) => panic!("get {path}: {e}"),
+        }
+    }
+    started.elapsed()
+}
+
+fn median(times: &mut [Duration]) -> Duration {
+    times.sort();
+    times.get(times.len() / 2).copied().unwrap_or_default()
+}
+
+/// The side-by-side rounds: each round, every target serves the same
+/// requests in turn (upstream, gateway, upstream, …); per round the
+/// median of each target and gateway / upstream; the median of those.
+fn side_by_side(
+    runtime: &tokio::runtime::Runtime,
+    targets: &[(&str, Box<dyn ObjectStore>)],
+) -> anyhow::Result<()> {
+    println!(
+        "\nside by side, {ROUNDS} rounds (load average {})",
+        std::fs::read_to_string("/proc/loadavg")
+            .unwrap_or_default()
+            .split(' ')
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    for (label, size, pairs) in [("4KiB", 4usize << 10, 300), ("16MiB", 16 << 20, 12)] {
+        let body = PutPayload::from(vec![7u8; size]);
+        let path = ObjectPath::from(format!("side/{label}"));
+        for put in [true, false] {
+            let op = if put { "put" } else { "get" };
+            if !put {
+                for (_, store) in targets {
+                    once(runtime, store.as_ref(), true, &path, &body, size);
+                }
+            }
+            let mut ratios: Vec<Vec<f64>> = vec![Vec::new(); targets.len()];
+            for round in 1..=ROUNDS {
+                let mut times: Vec<Vec<Duration>> = vec![Vec::new(); targets.len()];
+                for _ in 0..pairs {
+                    for (i, (_, store)) in targets.iter().enumerate() {
+                        times[i].push(once(runtime, store.as_ref(), put, &path, &body, size));
+                    }
+                }
+                let medians: Vec<Duration> = times.iter_mut().map(|t| median(t)).collect();
+                let mut line = format!("{op} {label:<6} round {round}:");
+                for (i, (target, _)) in targets.iter().enumerate() {
+                    let ratio = medians[i].as_secs_f64() / medians[0].as_secs_f64();
+                    ratios[i].push(ratio);
+                    line.push_str(&format!(" {target} {:.3?} ({ratio:.2}x)", medians[i]));
+                }
+                println!("{line}");
+            }
+            let mut line = format!("{op} {label:<6} median of rounds:");
+            for (i, (target, _)) in targets.iter().enumerate().skip(1) {
+                ratios[i].sort_by(f64::total_cmp);
+                line.push_str(&format!(" {target} {:.2}x", ratios[i][ratios[i].len() / 2]));
+            }
+            println!("{line}");
+        }
+    }
+    Ok(())
+}
+
 fn bench(c: &mut Criterion) -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let upstream = S3Server::start(&dir.path().join("upstream"), &["blobs", "direct"])?;
-    let (_gateway, addr) = start_gateway(dir.path(), &upstream.addr)?;
+    let (_gateway, addr) = start_gateway(gateway_binary(), &dir.path().join("gw"), &upstream.addr)?;
+    let before = match std::env::var_os("FENCECHECK_GATEWAY_BEFORE") {
+        Some(binary) => Some(start_gateway(
+            PathBuf::from(binary),
+            &dir.path().join("gw-before"),
+            &upstream.addr,
+        )?),
+        None => None,
+    };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let targets = [
+    let mut targets: Vec<(&str, Box<dyn ObjectStore>)> = vec![
         (
             "upstream",
-            client(&upstream.addr, "direct", s3server::KEY, s3server::SECRET)?,
+            Box::new(client(
+                &upstream.addr,
+                "direct",
+                s3server::KEY,
+                s3server::SECRET,
+            )?),
         ),
-        ("gateway", client(&addr, "reports", KEY, SECRET)?),
+        ("gateway", Box::new(client(&addr, "reports", KEY, SECRET)?)),
     ];
+    if let Some((_, addr)) = &before {
+        targets.push(("before", Box::new(client(addr, "reports", KEY, SECRET)?)));
+    }
     for (label, size) in [("4KiB", 4usize << 10), ("16MiB", 16 << 20)] {
         let body = PutPayload::from(vec![7u8; size]);
         let path = ObjectPath::from(format!("bench/{label}"));
@@ -197,6 +309,8 @@ fn bench(c: &mut Criterion) -> anyhow::Result<()> {
         }
         group.finish();
     }
+    side_by_side(&runtime, &targets)?;
+    drop(before);
     Ok(())
 }
 

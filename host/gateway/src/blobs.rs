@@ -1,6 +1,8 @@
 //! Where blob bytes live: files in a directory, a real HTTP file server
 //! (nginx WebDAV) reached through Pingora's pooled connector, or an S3
-//! bucket (`object_store`: signed requests, multipart for large blobs). A blob is named
+//! bucket (`object_store`: signed requests, multipart for large blobs; a
+//! PUT whose SHA-256 the client declared streamed as one request, and a
+//! blob composed from others inside the bucket, in `signed`). A blob is named
 //! `STORE-ID` (the store's random id, then the never-reused object id), so
 //! two gateways sharing one directory or one upstream never name a blob
 //! alike; a blob is created new, never over an existing one.
@@ -18,7 +20,7 @@ use std::time::{Duration, SystemTime};
 
 use futures_util::StreamExt;
 use futures_util::stream::BoxStream;
-use object_store::aws::AmazonS3Builder;
+use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
 use object_store::path::Path as S3Path;
 use object_store::{
     ClientOptions, GetOptions, GetRange, ObjectStore, PutMode, PutOptions, PutPayload,
@@ -36,6 +38,9 @@ use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
 
 use crate::error::{Error, io};
 
+mod signed;
+pub use signed::Composed;
+
 /// Idle upstream connections are kept this long for reuse.
 const IDLE: Duration = Duration::from_secs(60);
 
@@ -52,7 +57,15 @@ pub enum Place {
     /// `PUT`/`GET`/`HEAD`/`DELETE <prefix><name>` on an HTTP server.
     Upstream(Box<Upstream>),
     /// Objects `fencecheck-blobs/<name>` in an S3 bucket.
-    S3(Arc<dyn ObjectStore>),
+    S3(Box<S3Bucket>),
+}
+
+/// An S3 bucket: `object_store` for what it does, signed requests of our
+/// own for what it does not (a PUT streamed as its bytes arrive, a blob
+/// composed from others inside the bucket: `blobs/signed.rs`).
+pub struct S3Bucket {
+    store: Arc<dyn ObjectStore>,
+    signed: signed::Signed,
 }
 
 /// Where blobs go in an S3 bucket.
@@ -66,27 +79,40 @@ const S3_CONCURRENCY: usize = 4;
 /// An S3 bucket for blobs (`--s3-upstream URL --s3-bucket NAME`), with
 /// credentials and region from the environment (`AWS_ACCESS_KEY_ID`,
 /// `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`, `AWS_REGION`).
-pub fn s3_store(url: &str, bucket: &str, timeout: Duration) -> Result<Arc<dyn ObjectStore>, Error> {
+pub fn s3_store(url: &str, bucket: &str, timeout: Duration) -> Result<S3Bucket, Error> {
     let bad = |why: String| Error::Config(format!("--s3-upstream {url:?}: {why}"));
     if !(url.starts_with("http://") || url.starts_with("https://")) {
         return Err(bad("an http:// or https:// URL".into()));
     }
+    let options = ClientOptions::new()
+        .with_allow_http(url.starts_with("http://"))
+        .with_connect_timeout(timeout)
+        .with_timeout(timeout.max(Duration::from_secs(30)));
     let mut builder = AmazonS3Builder::from_env()
         .with_endpoint(url)
         .with_bucket_name(bucket)
         .with_virtual_hosted_style_request(false)
-        .with_client_options(
-            ClientOptions::new()
-                .with_allow_http(url.starts_with("http://"))
-                .with_connect_timeout(timeout)
-                .with_timeout(timeout.max(Duration::from_secs(30))),
-        );
+        .with_client_options(options.clone());
     if std::env::var_os("AWS_REGION").is_none() && std::env::var_os("AWS_DEFAULT_REGION").is_none()
     {
         builder = builder.with_region("us-east-1");
     }
+    let region = builder
+        .get_config_value(&AmazonS3ConfigKey::Region)
+        .unwrap_or_else(|| "us-east-1".to_owned());
     let store = builder.build().map_err(|e| bad(e.to_string()))?;
-    Ok(Arc::new(store))
+    let signed = signed::Signed::new(
+        url,
+        bucket,
+        region,
+        store.credentials().clone(),
+        &options,
+        timeout,
+    )?;
+    Ok(S3Bucket {
+        store: Arc::new(store),
+        signed,
+    })
 }
 
 /// An HTTP file server with WebDAV PUT and DELETE.
@@ -215,11 +241,19 @@ fn header<'a>(session: &'a HttpSession, name: &str) -> Option<&'a str> {
         .and_then(|v| v.to_str().ok())
 }
 
-/// A blob being written: its bytes are counted and hashed on the way.
+/// A blob being written: its bytes are counted and hashed on the way
+/// (unless the caller knows their SHA-256 and has them checked).
 pub struct BlobWriter {
     sink: Sink,
-    hasher: Sha256,
+    hash: Hash,
     written: u64,
+}
+
+enum Hash {
+    Computed(Sha256),
+    /// Declared by the client and checked by the caller as the body is
+    /// read (s3s, against `x-amz-content-sha256`): not computed again.
+    Declared([u8; 32]),
 }
 
 enum Sink {
@@ -234,6 +268,8 @@ enum Sink {
         buffer: Vec<u8>,
         upload: Multipart,
     },
+    /// An S3 PUT streamed as the bytes come.
+    S3Put(Box<signed::PutStream>),
 }
 
 /// A written blob: how many bytes, and their SHA-256.
@@ -288,11 +324,31 @@ impl Blobs {
     }
 
     /// Blobs in an S3 bucket (see [`s3_store`]), named with `store`'s prefix.
-    pub fn s3(bucket: Arc<dyn ObjectStore>, store: &str) -> Self {
+    pub fn s3(bucket: S3Bucket, store: &str) -> Self {
         Self {
             store: store.to_owned(),
-            place: Place::S3(bucket),
+            place: Place::S3(Box::new(bucket)),
         }
+    }
+
+    /// Write `object`'s blob as the concatenation of the blobs `parts`
+    /// (object, length), in order, inside the store without reading them
+    /// through the gateway; `Ok(None)` where the store cannot (the caller
+    /// copies). Every part but the last must be at least 5 MiB.
+    pub async fn compose(
+        &self,
+        object: ObjectId,
+        parts: &[(ObjectId, u64)],
+    ) -> Result<Option<Composed>, Error> {
+        let Place::S3(bucket) = &self.place else {
+            return Ok(None);
+        };
+        let sources: Vec<(String, u64)> = parts
+            .iter()
+            .map(|(part, length)| (self.s3_path(*part).to_string(), *length))
+            .collect();
+        let to = self.s3_path(object).to_string();
+        bucket.signed.compose(&to, &sources).await.map(Some)
     }
 
     fn s3_path(&self, object: ObjectId) -> S3Path {
@@ -346,7 +402,7 @@ impl Blobs {
                 Sink::Upstream(up.start("PUT", &self.name(object), &headers).await?)
             }
             Place::S3(bucket) => Sink::S3 {
-                bucket: bucket.clone(),
+                bucket: bucket.store.clone(),
                 path: self.s3_path(object),
                 buffer: Vec::new(),
                 upload: Multipart(None),
@@ -354,9 +410,38 @@ impl Blobs {
         };
         Ok(BlobWriter {
             sink,
-            hasher: Sha256::new(),
+            hash: Hash::Computed(Sha256::new()),
             written: 0,
         })
+    }
+
+    /// Start writing `object`'s blob of `length` bytes whose SHA-256 is
+    /// `sha256`, which the caller checks as the bytes arrive (and fails
+    /// the write if they differ): the writer does not hash them again.
+    /// On S3 the blob is one PUT streamed as they come (up to 5 GiB, S3's
+    /// largest PUT), signed with that SHA-256, so the upstream checks it
+    /// too; elsewhere as [`Blobs::create`].
+    pub async fn create_declared(
+        &self,
+        object: ObjectId,
+        length: u64,
+        sha256: [u8; 32],
+    ) -> Result<BlobWriter, Error> {
+        let mut writer = match &self.place {
+            Place::S3(bucket) if length <= 5 << 30 => {
+                let key = self.s3_path(object).to_string();
+                BlobWriter {
+                    sink: Sink::S3Put(Box::new(
+                        bucket.signed.start_put(&key, length, &sha256).await?,
+                    )),
+                    hash: Hash::Computed(Sha256::new()),
+                    written: 0,
+                }
+            }
+            _ => self.create(object, Some(length)).await?,
+        };
+        writer.hash = Hash::Declared(sha256);
+        Ok(writer)
     }
 
     /// The length of `object`'s blob, without reading it; `None` if it does
@@ -381,7 +466,7 @@ impl Blobs {
                     s => Err(upstream_status("sizing a blob", s)),
                 }
             }
-            Place::S3(bucket) => match bucket.head(&self.s3_path(object)).await {
+            Place::S3(bucket) => match bucket.store.head(&self.s3_path(object)).await {
                 Ok(meta) => Ok(Some(meta.size)),
                 Err(object_store::Error::NotFound { .. }) => Ok(None),
                 Err(e) => Err(s3("sizing a blob", e)),
@@ -470,7 +555,7 @@ impl Blobs {
                     range: range.map(|(s, e)| GetRange::Bounded(s..e + 1)),
                     ..GetOptions::default()
                 };
-                let got = match bucket.get_opts(&self.s3_path(object), options).await {
+                let got = match bucket.store.get_opts(&self.s3_path(object), options).await {
                     Ok(got) => got,
                     Err(object_store::Error::NotFound { .. }) => return Ok(None),
                     Err(e) => return Err(s3("reading a blob", e)),
@@ -509,7 +594,7 @@ impl Blobs {
                     s => Err(upstream_status("deleting a blob", s)),
                 }
             }
-            Place::S3(bucket) => match bucket.delete(&self.s3_path(object)).await {
+            Place::S3(bucket) => match bucket.store.delete(&self.s3_path(object)).await {
                 Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
                 Err(e) => Err(s3("deleting a blob", e)),
             },
@@ -522,7 +607,10 @@ impl Blobs {
     pub async fn finish(&self, writer: BlobWriter) -> Result<Written, Error> {
         let written = Written {
             length: writer.written,
-            sha256: writer.hasher.finalize().into(),
+            sha256: match writer.hash {
+                Hash::Computed(hasher) => hasher.finalize().into(),
+                Hash::Declared(sha256) => sha256,
+            },
         };
         match (&self.place, writer.sink) {
             (Place::Dir(dir), Sink::File(mut file)) => {
@@ -575,6 +663,7 @@ impl Blobs {
                         .map_err(|e| s3("completing a blob's upload", e))?;
                 }
             },
+            (Place::S3(_), Sink::S3Put(put)) => (*put).finish().await?,
             _ => {
                 return Err(Error::Config("a writer of another blob store".into()));
             }
@@ -649,7 +738,7 @@ impl Blobs {
             }
             Place::S3(bucket) => {
                 let dir = S3Path::from(S3_DIR);
-                let mut listing = bucket.list(Some(&dir));
+                let mut listing = bucket.store.list(Some(&dir));
                 while let Some(meta) = listing.next().await {
                     let meta = meta.map_err(|e| s3("listing blobs", e))?;
                     if let Some(object) = meta.location.filename().and_then(|n| self.object_of(n)) {
@@ -689,9 +778,12 @@ impl BlobWriter {
         if chunk.is_empty() {
             return Ok(());
         }
-        self.hasher.update(&chunk);
+        if let Hash::Computed(hasher) = &mut self.hash {
+            hasher.update(&chunk);
+        }
         self.written += chunk.len() as u64;
         match &mut self.sink {
+            Sink::S3Put(put) => put.write(chunk).await,
             Sink::File(file) => file.write_all(&chunk).await.map_err(io("writing a blob")),
             Sink::Upstream(session) => session
                 .write_request_body(chunk, false)

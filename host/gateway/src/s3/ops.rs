@@ -786,14 +786,31 @@ impl Bound {
     }
 }
 
+/// The SHA-256 a request's `x-amz-content-sha256` declares for its body,
+/// if it is one (not `UNSIGNED-PAYLOAD` or a `STREAMING-…` mode): s3s
+/// checks the body against it as it is read, and fails the read if it
+/// differs.
+pub(super) fn declared_sha256(headers: &HeaderMap) -> Option<[u8; 32]> {
+    let text = headers.get("x-amz-content-sha256")?.to_str().ok()?;
+    if text.len() != 64 {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (i, pair) in text.as_bytes().chunks(2).enumerate() {
+        out[i] = u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok()?;
+    }
+    Some(out)
+}
+
 /// Stream `body` into `object`'s blob, bounded by `bound`, hashing on
-/// the way; then check Content-MD5, the checksums and the length. On any
-/// failure the caller drops the object.
+/// the way (MD5; SHA-256 only where the client declared none); then check
+/// Content-MD5, the checksums and the length. On any failure the caller
+/// drops the object.
 async fn receive(
     core: &Core,
     object: ObjectId,
     body: StreamingBlob,
-    (declared_length, content_md5): (Option<i64>, Option<&str>),
+    (declared_length, content_md5, content_sha256): (Option<i64>, Option<&str>, Option<[u8; 32]>),
     bound: Bound,
     mut declared: Declared,
     trailers: Option<&s3s::TrailingHeaders>,
@@ -806,11 +823,11 @@ async fn receive(
     }
     let mut hasher = declared.hasher()?;
     let mut md5 = Md5::new();
-    let mut writer = core
-        .blobs
-        .create(object, length)
-        .await
-        .map_err(|e| storage(&e))?;
+    let writer = match (length, content_sha256) {
+        (Some(length), Some(sha256)) => core.blobs.create_declared(object, length, sha256).await,
+        _ => core.blobs.create(object, length).await,
+    };
+    let mut writer = writer.map_err(|e| storage(&e))?;
     let mut body = body;
     let mut taken = 0u64;
     while let Some(chunk) = body.next().await {
@@ -863,7 +880,7 @@ pub(super) async fn receive_staged(
     core: &Core,
     object: ObjectId,
     body: Option<StreamingBlob>,
-    declared_facts: (Option<i64>, Option<&str>),
+    declared_facts: (Option<i64>, Option<&str>, Option<[u8; 32]>),
     bound: Bound,
     checksums: Declared,
     trailers: Option<&s3s::TrailingHeaders>,
@@ -1047,6 +1064,9 @@ async fn copy_blob(
     Ok(Some((written, md5.finalize().into())))
 }
 
+/// Bodies up to this size are read whole before the answer starts.
+const SMALL_BODY: u64 = 64 << 10;
+
 /// The blob's bytes `[start, end]` as a body: a task reads, a channel
 /// carries (the blob reader is not `Sync`; s3s bodies must be).
 async fn blob_body(
@@ -1055,7 +1075,7 @@ async fn blob_body(
     wanted: Option<(u64, u64)>,
     length: u64,
 ) -> S3Result<Option<StreamingBlob>> {
-    let reader = match core.blobs.open(current.object, wanted).await {
+    let mut reader = match core.blobs.open(current.object, wanted).await {
         Ok(Some((reader, total))) if total == length => reader,
         Ok(Some(_)) => {
             return Err(storage(&crate::error::Error::Upstream {
@@ -1066,6 +1086,32 @@ async fn blob_body(
         Ok(None) => return Ok(None),
         Err(e) => return Err(storage(&e)),
     };
+    if reader.left() <= SMALL_BODY {
+        // A small body is read here, in one piece: no task, no channel
+        // (and a failed read is still an S3 error, not a cut body).
+        let mut chunks: Vec<Bytes> = Vec::new();
+        let mut buf = vec![0u8; usize::try_from(reader.left()).unwrap_or(0)];
+        while reader.left() > 0 {
+            match reader.next(&mut buf).await {
+                Ok(Some(chunk)) => chunks.push(chunk),
+                Ok(None) => {
+                    return Err(storage(&crate::error::Error::Upstream {
+                        doing: "reading a blob",
+                        detail: "it is shorter than recorded".into(),
+                    }));
+                }
+                Err(e) => return Err(storage(&e)),
+            }
+        }
+        core.blobs.done(reader).await;
+        let body = match chunks.len() {
+            1 => chunks.pop().unwrap_or_default(),
+            _ => Bytes::from(chunks.concat()),
+        };
+        return Ok(Some(StreamingBlob::wrap(futures_util::stream::iter([
+            Ok::<_, std::io::Error>(body),
+        ]))));
+    }
     let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(2);
     let blobs = core.blobs.clone();
     tokio::spawn(async move {
@@ -1267,7 +1313,11 @@ impl S3 for Objects {
             &self.core,
             object,
             body,
-            (input.content_length, input.content_md5.as_deref()),
+            (
+                input.content_length,
+                input.content_md5.as_deref(),
+                declared_sha256(&req.headers),
+            ),
             Bound::body(&self.core),
             declared,
             req.trailing_headers.as_ref(),

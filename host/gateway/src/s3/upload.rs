@@ -18,10 +18,11 @@ use s3s::{S3ErrorCode, S3Request, S3Response, S3Result};
 use super::error;
 use super::ops::{
     Bound, LIST_MAX, Listing, Objects, answer_publish, common_prefix, content_type,
-    copy_conditions, copy_source, declared, early_stop, failure, fence_token, hex, note,
-    receive_staged, storage, user_metadata, write_request,
+    copy_conditions, copy_source, declared, declared_sha256, early_stop, failure, fence_token, hex,
+    note, receive_staged, storage, user_metadata, write_request,
 };
 use crate::auth::Right;
+use crate::blobs::Composed;
 use crate::http::objects::{cleanup, decide_early};
 use crate::store::{Kind, Meta, Part, Store, Upload};
 use fencecheck_sqlite::ObjectId;
@@ -252,7 +253,11 @@ impl Objects {
             &self.core,
             object,
             body,
-            (input.content_length, input.content_md5.as_deref()),
+            (
+                input.content_length,
+                input.content_md5.as_deref(),
+                declared_sha256(&req.headers),
+            ),
             bound,
             declared,
             req.trailing_headers.as_ref(),
@@ -646,7 +651,7 @@ impl Finish {
             .work(false, move |store| store.stage(&s, Kind::Blob, &fence))
             .await
             .map_err(|f| failure(&f))?;
-        let written = match concatenate(core, object, &self.chosen).await {
+        let written = match assemble(core, object, &self.chosen).await {
             Ok(w) => w,
             Err(e) => {
                 cleanup(core, object).await;
@@ -730,6 +735,58 @@ fn choose_parts(input: &CompleteMultipartUploadInput, stored: &[Part]) -> S3Resu
         ));
     }
     Ok(chosen)
+}
+
+/// The parts' blobs, in order, as `object`'s blob: composed inside an S3
+/// bucket (no part byte passes through the gateway), else copied.
+async fn assemble(
+    core: &crate::http::Core,
+    object: ObjectId,
+    parts: &[Part],
+) -> S3Result<crate::blobs::Written> {
+    if let [one] = parts
+        && one.length < MIN_PART
+    {
+        // One small part (perhaps empty): copied through, in fewer
+        // requests than composing it.
+        return concatenate(core, object, parts).await;
+    }
+    let sources: Vec<(ObjectId, u64)> = parts.iter().map(|p| (p.object, p.length)).collect();
+    match core
+        .blobs
+        .compose(object, &sources)
+        .await
+        .map_err(|e| storage(&e))?
+    {
+        None | Some(Composed::TooMany) => concatenate(core, object, parts).await,
+        Some(Composed::Gone(i)) => Err(error(
+            S3ErrorCode::InvalidPart,
+            format!(
+                "part {}'s blob is gone (expired?)",
+                parts.get(i).map_or(0, |p| p.number)
+            ),
+        )),
+        Some(Composed::Done(length)) => Ok(crate::blobs::Written {
+            length,
+            sha256: composite_sha256(parts),
+        }),
+    }
+}
+
+/// What stands for a composed object's SHA-256 (which nobody read): the
+/// SHA-256 of its parts' MD5s and lengths, in order. It serves what the
+/// body hash is for, telling a repeated Idempotency-Key's body from
+/// another: the same parts give the same value. (The same bytes cut into
+/// other parts, or sent as one PUT, do not: such a repeat is refused as
+/// IdempotencyKeyReused, and nothing changes.)
+fn composite_sha256(parts: &[Part]) -> [u8; 32] {
+    use sha2::Digest as _;
+    let mut hash = sha2::Sha256::new();
+    hash.update(b"fencecheck composed\n");
+    for part in parts {
+        hash.update(format!("{} {}\n", part.etag, part.length).as_bytes());
+    }
+    hash.finalize().into()
 }
 
 /// Copy the parts' blobs, in order, into `object`'s blob.

@@ -51,7 +51,7 @@
 mod fenced;
 mod parts;
 mod s3_requests;
-mod sigv4;
+pub(crate) mod sigv4;
 mod wire;
 
 use std::collections::{BTreeMap, HashMap};

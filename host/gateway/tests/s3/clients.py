@@ -526,11 +526,42 @@ def complete_saved():
         Bucket="reports", Key=saved["Key"], UploadId=saved["UploadId"], MultipartUpload={"Parts": saved["Parts"]}
     )
     if os.environ["EXPECT"] == "ok":
-        done()
-        assert c.head_object(Bucket="reports", Key=saved["Key"])["ContentLength"] == 12 << 20
+        out = done()
+        head = c.head_object(Bucket="reports", Key=saved["Key"])
+        assert head["ContentLength"] == saved.get("Length", 12 << 20), head
+        if "ETag" in saved:
+            assert out["ETag"] == saved["ETag"] and head["ETag"] == saved["ETag"], (out, head)
     else:
         refused(done, os.environ["EXPECT"], int(os.environ.get("EXPECT_STATUS", "400")))
         absent(c, saved["Key"])
+
+
+def upload_sized():
+    """Begin an upload of key $KEY and store parts of the sizes in $SIZES
+    (bytes, comma-separated), random bytes; save what `complete_saved`
+    needs and what the object must then be (length, S3's multipart ETag,
+    SHA-256 of the whole) to $STATE."""
+    c = client()
+    key = os.environ["KEY"]
+    up = c.create_multipart_upload(Bucket="reports", Key=key, Metadata={"fence-token": "7.1"})
+    parts, md5s, whole = [], b"", hashlib.sha256()
+    for n, size in enumerate((int(s) for s in os.environ["SIZES"].split(",")), 1):
+        body = os.urandom(size)
+        r = c.upload_part(Bucket="reports", Key=key, UploadId=up["UploadId"], PartNumber=n, Body=body)
+        assert r["ETag"] == '"%s"' % hashlib.md5(body).hexdigest(), r
+        parts.append({"PartNumber": n, "ETag": r["ETag"]})
+        md5s += hashlib.md5(body).digest()
+        whole.update(body)
+    saved = {
+        "Key": key,
+        "UploadId": up["UploadId"],
+        "Parts": parts,
+        "Length": sum(int(s) for s in os.environ["SIZES"].split(",")),
+        "ETag": '"%s-%d"' % (hashlib.md5(md5s).hexdigest(), len(parts)),
+        "Sha256": whole.hexdigest(),
+    }
+    with open(os.environ["STATE"], "w") as f:
+        json.dump(saved, f)
 
 
 def upload_listings():
