@@ -218,7 +218,9 @@ async fn put(
     };
     let (scope, fence) = (key.to_owned(), write.fence.clone());
     let object = match gw
-        .work(false, move |s| s.stage(&scope, Kind::Blob, &fence))
+        // Admission (nothing accepted yet; with SQLite the early check
+        // took no permit): waits at most --queue-timeout-ms.
+        .work(true, move |s| s.stage(&scope, Kind::Blob, &fence))
         .await
     {
         Ok(object) => object,
@@ -292,6 +294,10 @@ pub(crate) async fn decide_early(
     write: Write,
     guarded: bool,
 ) -> Result<(SignedOutcome, Head, Write), Failure> {
+    // SQLite: on this thread, without a hop (its reads never wait).
+    if let Some((outcome, head, request)) = gw.store.early_here(&write.request, guarded) {
+        return Ok((outcome, head, Write { request, ..write }));
+    }
     let request = write.request.clone();
     let (outcome, head, request) = gw.work(true, move |s| s.early(request, guarded)).await?;
     Ok((outcome, head, Write { request, ..write }))
@@ -476,7 +482,9 @@ async fn delete(gw: &Gateway, session: &mut Session, ctx: &mut Ctx, key: &str) -
     };
     let (scope, fence) = (key.to_owned(), write.fence.clone());
     let object = match gw
-        .work(false, move |s| s.stage(&scope, Kind::Tombstone, &fence))
+        // Admission (nothing accepted yet; with SQLite the early check
+        // took no permit): waits at most --queue-timeout-ms.
+        .work(true, move |s| s.stage(&scope, Kind::Tombstone, &fence))
         .await
     {
         Ok(object) => object,
@@ -687,7 +695,8 @@ async fn stream(
     reader: &mut crate::blobs::BlobReader,
 ) -> pingora::Result<()> {
     let deadline = Instant::now() + gw.config.response_deadline;
-    let mut buf = vec![0u8; 64 << 10];
+    // Sized to the blob: a small GET neither zeroes nor frees 64 KiB.
+    let mut buf = vec![0u8; usize::try_from(reader.left()).map_or(64 << 10, |n| n.min(64 << 10))];
     while reader.left() > 0 {
         let chunk = reader.next(&mut buf).await.map_err(|e| {
             pingora::Error::because(pingora::ErrorType::ReadError, "reading a blob", e)

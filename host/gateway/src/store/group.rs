@@ -1,32 +1,50 @@
-//! Group commit for SQLite: publishes commit with `synchronous=NORMAL` (in
-//! WAL mode: their frames are written, not fsynced) and each then waits
-//! until an fsync of the WAL file covers it. One publisher at a time runs
-//! that fsync for every commit written before it started, so the publishes
-//! that arrive together share one fsync, and none is answered before its
-//! commit is on disk. Each publish is still its own transaction, its own
-//! check and its own answer.
+//! Group commit for SQLite: the writes of concurrent requests run in
+//! batches on one connection, each write still its own transaction, check
+//! and answer; a batch's commits use `synchronous=NORMAL` (in WAL mode:
+//! their frames are written, not fsynced), then one fsync of the WAL covers
+//! every commit of the batch, and no publish is answered before it. While
+//! one thread runs a batch (the combiner), writes that arrive queue for the
+//! next; the combiner runs batches until the queue is empty. So 64 writers
+//! cost one lock round per batch instead of a convoy through the writer
+//! mutex, and one fsync per batch instead of one per publish.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Condvar, Mutex};
+use std::sync::{Mutex, mpsc};
 
+use fencecheck::Instance;
+
+use super::pool::{Conn, Pool};
 use crate::error::Error;
 
-struct State {
-    /// Commits written (numbered in commit order).
-    written: u64,
-    /// Commits known durable.
-    synced: u64,
-    /// Whether someone is syncing now.
-    syncing: bool,
+/// Called with the batch's fsync outcome; sends the waiter its answer.
+type Finish = Box<dyn FnOnce(Result<(), &std::io::Error>) + Send>;
+
+/// What a queued write does with the batch's connection (or, if no
+/// connection could be had, with that error): `Some` if it committed
+/// something that must be durable before its answer; `failed` if it left
+/// an infrastructure error (the connection is then not reused).
+type Job = Box<dyn FnOnce(Result<(&mut Conn, &mut Instance), &Error>) -> Ran + Send>;
+
+struct Ran {
+    finish: Option<Finish>,
+    failed: bool,
+}
+
+#[derive(Default)]
+struct Queue {
+    jobs: Vec<Job>,
+    /// Whether a thread is running batches now.
+    combining: bool,
 }
 
 pub(crate) struct GroupSync {
     db: PathBuf,
-    state: Mutex<State>,
-    done: Condvar,
+    queue: Mutex<Queue>,
     /// fsyncs run (tests).
     syncs: AtomicU64,
+    /// Batches run (tests).
+    batches: AtomicU64,
 }
 
 fn poisoned() -> Error {
@@ -37,52 +55,143 @@ impl GroupSync {
     pub fn new(db: PathBuf) -> Self {
         Self {
             db,
-            state: Mutex::new(State {
-                written: 0,
-                synced: 0,
-                syncing: false,
-            }),
-            done: Condvar::new(),
+            queue: Mutex::new(Queue::default()),
             syncs: AtomicU64::new(0),
+            batches: AtomicU64::new(0),
         }
     }
 
-    /// A commit was written; its number. Call under the writer's turn,
-    /// right after the commit, so numbers follow commit order.
-    pub fn wrote(&self) -> Result<u64, Error> {
-        let mut state = self.state.lock().map_err(|_| poisoned())?;
-        state.written += 1;
-        Ok(state.written)
+    /// Run `write` in a batch (see the module) and return its value once
+    /// it is answered: at once if it returned `durable: false`, after the
+    /// batch's fsync if `true`. `write` runs with `synchronous=NORMAL`,
+    /// under `turn` (the in-process writers' mutex), and must leave the
+    /// connection outside any transaction.
+    pub fn run<T: Send + 'static>(
+        &self,
+        pool: &Pool,
+        turn: &Mutex<()>,
+        write: impl FnOnce(&mut Conn, &mut Instance) -> Result<(T, bool), Error> + Send + 'static,
+    ) -> Result<T, Error> {
+        let (tx, rx) = mpsc::sync_channel::<Result<T, Error>>(1);
+        let job: Job = Box::new(move |slot| {
+            let (conn, guest) = match slot {
+                Ok(slot) => slot,
+                Err(e) => {
+                    let _ = tx.send(Err(Error::Task(format!("no database connection: {e}"))));
+                    return Ran {
+                        finish: None,
+                        failed: true,
+                    };
+                }
+            };
+            match write(conn, guest) {
+                Ok((value, true)) => Ran {
+                    finish: Some(Box::new(move |synced: Result<(), &std::io::Error>| {
+                        let answer = synced.map(|()| value).map_err(|e| {
+                            Error::Unsynced(std::io::Error::new(e.kind(), e.to_string()))
+                        });
+                        let _ = tx.send(answer);
+                    })),
+                    failed: false,
+                },
+                Ok((value, false)) => {
+                    let _ = tx.send(Ok(value));
+                    Ran {
+                        finish: None,
+                        failed: false,
+                    }
+                }
+                Err(e) => {
+                    let _ = tx.send(Err(e));
+                    Ran {
+                        finish: None,
+                        failed: true,
+                    }
+                }
+            }
+        });
+        let combine = {
+            let mut queue = self.queue.lock().map_err(|_| poisoned())?;
+            queue.jobs.push(job);
+            !std::mem::replace(&mut queue.combining, true)
+        };
+        if combine {
+            self.combine(pool, turn);
+        }
+        rx.recv()
+            .map_err(|_| Error::Task("the group commit dropped a write".into()))?
     }
 
-    /// Return once commit `seq` is durable, syncing if nobody is.
-    pub fn sync_through(&self, seq: u64) -> Result<(), Error> {
-        let mut state = self.state.lock().map_err(|_| poisoned())?;
+    /// Run batches until the queue is empty.
+    fn combine(&self, pool: &Pool, turn: &Mutex<()>) {
         loop {
-            if state.synced >= seq {
-                return Ok(());
+            let mut jobs = match self.queue.lock() {
+                Ok(mut queue) if queue.jobs.is_empty() => {
+                    queue.combining = false;
+                    return;
+                }
+                Ok(mut queue) => std::mem::take(&mut queue.jobs),
+                // A panic held the queue: its waiters see their channel
+                // dropped (an error), never a false answer.
+                Err(_) => return,
+            };
+            self.batches.fetch_add(1, Ordering::Relaxed);
+            let mut finishes: Vec<Finish> = Vec::new();
+            {
+                let _turn = turn.lock();
+                let mut drained = jobs.drain(..);
+                let ran = pool.with(|conn, guest| {
+                    let mut failed = false;
+                    if let Conn::Sqlite(c) = conn {
+                        c.pragma_update(None, "synchronous", "NORMAL")
+                            .map_err(|source| Error::Sqlite {
+                                doing: "setting synchronous",
+                                source,
+                            })?;
+                    }
+                    for job in drained.by_ref() {
+                        let ran = job(Ok((&mut *conn, &mut *guest)));
+                        failed |= ran.failed;
+                        finishes.extend(ran.finish);
+                        if let Conn::Sqlite(c) = conn
+                            && !c.is_autocommit()
+                        {
+                            // Never carry one write's transaction into the next.
+                            let _ = c.execute_batch("ROLLBACK");
+                            failed = true;
+                        }
+                    }
+                    if let Conn::Sqlite(c) = conn
+                        && c.pragma_update(None, "synchronous", "FULL").is_err()
+                    {
+                        // Other users of the connection expect FULL.
+                        failed = true;
+                    }
+                    if failed {
+                        // A fresh connection for the next batch.
+                        return Err(Error::Task("a write of the batch failed".into()));
+                    }
+                    Ok(())
+                });
+                if let Err(e) = ran {
+                    // Writes the batch did not reach (no connection) fail with it.
+                    for job in drained {
+                        job(Err(&e));
+                    }
+                }
             }
-            if state.syncing {
-                state = self.done.wait(state).map_err(|_| poisoned())?;
-                continue;
+            if !finishes.is_empty() {
+                let synced = self.fsync();
+                for finish in finishes {
+                    finish(synced.as_ref().map(|_| ()));
+                }
             }
-            state.syncing = true;
-            let target = state.written;
-            drop(state);
-            let result = self.fsync();
-            state = self.state.lock().map_err(|_| poisoned())?;
-            state.syncing = false;
-            if result.is_ok() {
-                state.synced = state.synced.max(target);
-            }
-            self.done.notify_all();
-            result?;
         }
     }
 
     /// fsync the WAL (where NORMAL commits wait for a checkpoint); if there
     /// is none, everything is in the database file: sync that.
-    fn fsync(&self) -> Result<(), Error> {
+    fn fsync(&self) -> std::io::Result<()> {
         let mut wal = self.db.clone().into_os_string();
         wal.push("-wal");
         let file = match std::fs::File::open(&wal) {
@@ -90,31 +199,15 @@ impl GroupSync {
             other => other,
         };
         self.syncs.fetch_add(1, Ordering::Relaxed);
-        file.and_then(|f| f.sync_data()).map_err(Error::Unsynced)
+        file.and_then(|f| f.sync_data())
     }
-}
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Commits written before a sync starts share it: three commits, one
-    /// fsync; a commit after it needs (and starts) another.
-    #[test]
-    fn commits_share_a_sync() -> Result<(), Error> {
-        let dir = tempfile::tempdir().map_err(Error::Unsynced)?;
-        let db = dir.path().join("x.db");
-        std::fs::write(&db, b"").map_err(Error::Unsynced)?;
-        let g = GroupSync::new(db);
-        let seqs = [g.wrote()?, g.wrote()?, g.wrote()?];
-        assert_eq!(seqs, [1, 2, 3]);
-        g.sync_through(1)?;
-        g.sync_through(3)?;
-        g.sync_through(2)?;
-        assert_eq!(g.syncs.load(Ordering::Relaxed), 1);
-        let four = g.wrote()?;
-        g.sync_through(four)?;
-        assert_eq!(g.syncs.load(Ordering::Relaxed), 2);
-        Ok(())
+    /// (fsyncs, batches) so far.
+    #[cfg(test)]
+    pub fn counts(&self) -> (u64, u64) {
+        (
+            self.syncs.load(Ordering::Relaxed),
+            self.batches.load(Ordering::Relaxed),
+        )
     }
 }

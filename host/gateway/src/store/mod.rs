@@ -18,7 +18,7 @@ use std::path::Path;
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use fencecheck::{Checker, Request, Runtime, SignedOutcome};
+use fencecheck::{Checker, Instance, Request, Runtime, SignedOutcome};
 use fencecheck_sqlite::{Fenced, ObjectId, publish, stage};
 use rusqlite::{Connection, OptionalExtension, params};
 
@@ -29,6 +29,10 @@ use pool::{Backend, Conn, Pool};
 thread_local! {
     /// Each thread's read-only connection (see [`Store::head_here`]).
     static READER: std::cell::RefCell<Option<(std::path::PathBuf, Connection)>> =
+        const { std::cell::RefCell::new(None) };
+    /// Each thread's component instance for early checks (see
+    /// [`Store::early_here`]), with the pool generation it was made from.
+    static GUEST: std::cell::RefCell<Option<(u64, Instance)>> =
         const { std::cell::RefCell::new(None) };
 }
 
@@ -301,6 +305,54 @@ impl Store {
         })
     }
 
+    /// [`Store::early`] on the calling thread, through its read-only
+    /// connection and its own component instance (SQLite in WAL mode: reads
+    /// that never wait for a writer), so a write's early check needs no hop
+    /// to the blocking pool. `None` (PostgreSQL, or anything failed here):
+    /// use [`Store::early`], which reports its own errors. Advisory like
+    /// the pooled one: the publish decides again under the write lock.
+    pub fn early_here(
+        &self,
+        request: &Request,
+        guarded: bool,
+    ) -> Option<(SignedOutcome, Head, Request)> {
+        let db = self.pool.sqlite_path()?;
+        let (generation, runtime) = self.pool.current_runtime().ok()?;
+        READER.with(|reader| {
+            GUEST.with(|guest| {
+                let mut reader = reader.try_borrow_mut().ok()?;
+                let mut guest = guest.try_borrow_mut().ok()?;
+                if reader.as_ref().is_none_or(|(path, _)| path != db) {
+                    *reader = Some((db.to_owned(), pool::reader(db).ok()?));
+                }
+                if guest.as_ref().is_none_or(|(g, _)| *g != generation) {
+                    *guest = Some((generation, runtime.instance().ok()?));
+                }
+                let (_, c) = reader.as_ref()?;
+                let (_, g) = guest.as_mut()?;
+                let mut request = request.clone();
+                let decided = (|| -> Result<_, Error> {
+                    let head = head_from(head_sqlite(c, &request.scope)?)?;
+                    if guarded {
+                        request.expected_version = Some(head.version);
+                    }
+                    let state = fencecheck_sqlite::stored_state(c, &request.scope)?;
+                    let keys = fencecheck_sqlite::scope_keys(c, &request.scope)?;
+                    Ok((g.decide(state.as_deref(), &request, keys.as_deref())?, head))
+                })();
+                match decided {
+                    Ok((outcome, head)) => Some((outcome, head, request)),
+                    Err(_) => {
+                        // A trapped guest or a failed read: start afresh next
+                        // time; the pooled path answers this one.
+                        *guest = None;
+                        None
+                    }
+                }
+            })
+        })
+    }
+
     /// Stage an object for `scope`; its bytes go to the blob named by its id.
     pub fn stage(&self, scope: &str, kind: Kind, fence: &str) -> Result<ObjectId, Error> {
         let name = match kind {
@@ -314,6 +366,17 @@ impl Store {
     /// one never visible itself, an S3 upload (`upload TOKEN`) or one of
     /// its parts (`part UPLOAD`).
     fn stage_named(&self, scope: &str, name: &str) -> Result<ObjectId, Error> {
+        if let Some(group) = &self.group {
+            // Batched with the other writes, answered at once: a staged row
+            // needs no fsync of its own (see `relaxed`).
+            let (scope, name) = (scope.to_owned(), name.to_owned());
+            return group.run(&self.pool, &self.writer, move |conn, _| {
+                let Conn::Sqlite(c) = conn else {
+                    return Err(Error::Task("group commit is for SQLite".into()));
+                };
+                Ok((stage(c, &scope, &name, b"", SystemTime::now())?, false))
+            });
+        }
         let _turn = self.turn();
         self.pool.with(|conn, _| match conn {
             Conn::Sqlite(c) => relaxed(c, |c| Ok(stage(c, scope, name, b"", SystemTime::now())?)),
@@ -615,43 +678,34 @@ impl Store {
         object: ObjectId,
         meta: &Meta,
     ) -> Result<Fenced<()>, Error> {
-        let turn = self.turn();
-        let group = self.group.as_ref();
-        let (outcome, seq) = self.pool.with(|conn, guest| {
+        if let Some(group) = &self.group {
+            // Batched with the other writes under way (see [`group`]): an
+            // applied publish is answered after the batch's fsync.
+            let (request, meta) = (request.clone(), meta.clone());
+            return group.run(&self.pool, &self.writer, move |conn, guest| {
+                let Conn::Sqlite(c) = conn else {
+                    return Err(Error::Task("group commit is for SQLite".into()));
+                };
+                record_sqlite(c, object, &meta)?;
+                let outcome = publish(c, guest, &request, object, SystemTime::now())?;
+                let durable = matches!(outcome, Fenced::Applied { .. });
+                Ok((outcome, durable))
+            });
+        }
+        let _turn = self.turn();
+        self.pool.with(|conn, guest| {
             record(conn, object, meta)?;
             match conn {
-                Conn::Sqlite(c) if group.is_some() => {
-                    let outcome = relaxed(c, |c| {
-                        Ok(publish(c, guest, request, object, SystemTime::now())?)
-                    })?;
-                    // Numbered under the turn, right after the commit.
-                    let seq = match (&outcome, group) {
-                        (Fenced::Applied { .. }, Some(g)) => Some(g.wrote()?),
-                        _ => None,
-                    };
-                    Ok((outcome, seq))
-                }
-                Conn::Sqlite(c) => {
-                    Ok((publish(c, guest, request, object, SystemTime::now())?, None))
-                }
-                Conn::Postgres(c) => Ok((
-                    fencecheck_postgres::publish(
-                        c,
-                        guest,
-                        request,
-                        fencecheck_postgres::ObjectId::from_raw(object.get()),
-                        SystemTime::now(),
-                    )?,
-                    None,
-                )),
+                Conn::Sqlite(c) => Ok(publish(c, guest, request, object, SystemTime::now())?),
+                Conn::Postgres(c) => Ok(fencecheck_postgres::publish(
+                    c,
+                    guest,
+                    request,
+                    fencecheck_postgres::ObjectId::from_raw(object.get()),
+                    SystemTime::now(),
+                )?),
             }
-        })?;
-        // Other writers commit while this one waits for the fsync.
-        drop(turn);
-        if let (Some(seq), Some(g)) = (seq, group) {
-            g.sync_through(seq)?;
-        }
-        Ok(outcome)
+        })
     }
 
     /// The body hash `op_id` was applied with on `scope` at `version`, if
@@ -1046,25 +1100,7 @@ fn install_postgres(c: &mut postgres::Client) -> Result<String, Error> {
 fn record(conn: &mut Conn, object: ObjectId, meta: &Meta) -> Result<(), Error> {
     let length = i64::try_from(meta.length).map_err(|_| Error::Task("length overflow".into()))?;
     match conn {
-        Conn::Sqlite(c) => relaxed(c, |c| {
-            c.prepare_cached(
-                "INSERT OR REPLACE INTO fencecheck_gateway_objects (object, length, sha256, content_type, op_id, etag, metadata)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-            )
-            .and_then(|mut s| {
-                s.execute(params![
-                    object.get(),
-                    length,
-                    &meta.sha256[..],
-                    meta.content_type,
-                    meta.op_id,
-                    meta.etag,
-                    meta.metadata
-                ])
-            })
-            .map(|_| ())
-            .map_err(sqlite("recording an object"))
-        }),
+        Conn::Sqlite(c) => relaxed(c, |c| record_sqlite(c, object, meta)),
         Conn::Postgres(c) => c
             .execute(
                 "INSERT INTO fencecheck_gateway_objects (object, length, sha256, content_type, op_id, etag, metadata)
@@ -1102,6 +1138,28 @@ fn relaxed<T>(
     let result = f(conn);
     sync(conn, "FULL")?;
     result
+}
+
+/// [`record`] on SQLite, at the connection's current `synchronous`.
+fn record_sqlite(c: &Connection, object: ObjectId, meta: &Meta) -> Result<(), Error> {
+    let length = i64::try_from(meta.length).map_err(|_| Error::Task("length overflow".into()))?;
+    c.prepare_cached(
+        "INSERT OR REPLACE INTO fencecheck_gateway_objects (object, length, sha256, content_type, op_id, etag, metadata)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+    )
+    .and_then(|mut s| {
+        s.execute(params![
+            object.get(),
+            length,
+            &meta.sha256[..],
+            meta.content_type,
+            meta.op_id,
+            meta.etag,
+            meta.metadata
+        ])
+    })
+    .map(|_| ())
+    .map_err(sqlite("recording an object"))
 }
 
 /// Split a stored object name: `blob TOKEN` or `tombstone TOKEN`.
@@ -1207,7 +1265,82 @@ fn head_from(row: Option<HeadRow>) -> Result<Head, Error> {
 
 #[cfg(test)]
 mod tests {
-    use super::{Store, schema, upper_bound};
+    use super::{Kind, Meta, Store, schema, upper_bound};
+
+    /// Writes from many threads at once go through group commit's batches
+    /// (stage and publish interleaved): each is answered by its own fenced
+    /// decision (per key, exactly one of the writers holding the same
+    /// token is applied, and accepted versions rise with no gaps), every
+    /// applied publish was covered by an fsync, and batches and fsyncs are
+    /// fewer than writes. Barriers start all writers together.
+    #[test]
+    fn batched_writes_keep_every_decision() -> Result<(), Box<dyn std::error::Error>> {
+        use fencecheck::{Policy, Request, Token};
+        use fencecheck_sqlite::Fenced;
+        use std::sync::{Arc, Barrier};
+        const THREADS: usize = 16;
+        const ROUNDS: u64 = 20;
+        let dir = tempfile::tempdir()?;
+        let store = Arc::new(Store::open(dir.path(), fencecheck::Runtime::new()?)?);
+        let barrier = Arc::new(Barrier::new(THREADS));
+        let workers: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let (store, barrier) = (store.clone(), barrier.clone());
+                std::thread::spawn(move || -> Result<Vec<(String, u64, u64)>, String> {
+                    let mut applied = Vec::new();
+                    // Four threads per key; each round's token is shared by
+                    // the four, so exactly one of them may apply it.
+                    let key = format!("k{}", t % 4);
+                    for round in 1..=ROUNDS {
+                        barrier.wait();
+                        let fence = format!("0.{round}");
+                        let object = store
+                            .stage(&key, Kind::Blob, &fence)
+                            .map_err(|e| e.to_string())?;
+                        let request = Request::new(&key, Token::new(0, 0, round), Policy::Strict);
+                        let meta = Meta::part(1, [1; 32], "e".into());
+                        match store
+                            .publish(&request, object, &meta)
+                            .map_err(|e| e.to_string())?
+                        {
+                            Fenced::Applied { version, .. } => {
+                                applied.push((key.clone(), round, version));
+                            }
+                            Fenced::Rejected(_) => {}
+                        }
+                    }
+                    Ok(applied)
+                })
+            })
+            .collect();
+        let mut applied = Vec::new();
+        for worker in workers {
+            applied.extend(worker.join().map_err(|_| "a writer panicked")??);
+        }
+        applied.sort();
+        for k in 0..4 {
+            let key = format!("k{k}");
+            let mine: Vec<(u64, u64)> = applied
+                .iter()
+                .filter(|(a, _, _)| *a == key)
+                .map(|(_, r, v)| (*r, *v))
+                .collect();
+            let expected: Vec<(u64, u64)> = (1..=ROUNDS).map(|r| (r, r)).collect();
+            assert_eq!(
+                mine, expected,
+                "{key}: one applied writer per token, versions 1, 2, …"
+            );
+        }
+        let group = store.group.as_ref().ok_or("no group commit")?;
+        let (syncs, batches) = group.counts();
+        let writes = (THREADS as u64) * ROUNDS * 2;
+        assert!(
+            syncs >= 1 && syncs <= batches,
+            "{syncs} fsyncs, {batches} batches"
+        );
+        assert!(batches < writes, "{batches} batches for {writes} writes");
+        Ok(())
+    }
 
     /// The statements of the hot path reach rows through an index: none
     /// scans every pointer or every object, so their work does not grow

@@ -83,7 +83,8 @@ impl Pool {
         }
     }
 
-    fn current_runtime(&self) -> Result<(u64, Runtime), Error> {
+    /// The current component and its generation.
+    pub(crate) fn current_runtime(&self) -> Result<(u64, Runtime), Error> {
         self.runtime
             .read()
             .map(|r| (r.0, r.1.clone()))
