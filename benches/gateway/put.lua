@@ -9,6 +9,10 @@ function setup(thread)
   thread:set("tid", threads)
 end
 function init(args)
+  -- Idempotency-Keys unique across runs (a key repeated with another body
+  -- is 422 idempotency-key-reused, and would be counted as non-2xx).
+  math.randomseed(os.time() + tid)
+  run = string.format("%d-%d", os.time(), math.random(1, 1000000000))
   body = string.rep("x", tonumber(args[1]) or 4096)
   prefix = args[2] or "/blobs/p"
   fenced = args[3] == "fenced"
@@ -16,7 +20,7 @@ function init(args)
 end
 function request()
   counter = counter + 1
-  local id = tid .. "-" .. counter
+  local id = run .. "-" .. tid .. "-" .. counter
   if fenced then
     return wrk.format("PUT", prefix .. tid .. "-" .. (counter % 64),
       { ["Fence-Token"] = "0.1", ["Idempotency-Key"] = id,
