@@ -4,13 +4,17 @@
 //! their frames are written, not fsynced), then one fsync of the WAL covers
 //! every commit of the batch, and no publish is answered before it. While
 //! one thread runs a batch (the combiner), writes that arrive queue for the
-//! next; the combiner runs batches until the queue is empty. So 64 writers
-//! cost one lock round per batch instead of a convoy through the writer
-//! mutex, and one fsync per batch instead of one per publish.
+//! next; the combiner runs batches until the queue is empty, handing each
+//! batch's publishes to a sync thread, which answers them after an fsync
+//! that started after their commits (batches that reach it during one
+//! fsync share the next). So 64 writers cost one lock round per batch
+//! instead of a convoy through the writer mutex, commits go on while the
+//! WAL is synced, and there is one fsync per group of batches instead of
+//! one per publish.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, mpsc};
+use std::sync::{Arc, Mutex, mpsc};
 
 use fencecheck::Instance;
 
@@ -41,8 +45,12 @@ struct Queue {
 pub(crate) struct GroupSync {
     db: PathBuf,
     queue: Mutex<Queue>,
+    /// To the sync thread: a batch's waiters, once its commits are written.
+    /// The combiner goes on with the next batch while the WAL is synced;
+    /// batches that reach the thread during one fsync share the next.
+    syncer: Mutex<Option<mpsc::Sender<Vec<Finish>>>>,
     /// fsyncs run (tests).
-    syncs: AtomicU64,
+    syncs: Arc<AtomicU64>,
     /// Batches run (tests).
     batches: AtomicU64,
 }
@@ -53,10 +61,31 @@ fn poisoned() -> Error {
 
 impl GroupSync {
     pub fn new(db: PathBuf) -> Self {
+        let syncs = Arc::new(AtomicU64::new(0));
+        let (tx, rx) = mpsc::channel::<Vec<Finish>>();
+        let (path, count) = (db.clone(), syncs.clone());
+        // Ends when the store (the sender) is dropped. If it cannot start,
+        // combiners sync themselves.
+        let started = std::thread::Builder::new()
+            .name("fencecheck-sync".into())
+            .spawn(move || {
+                while let Ok(first) = rx.recv() {
+                    let mut finishes = first;
+                    while let Ok(more) = rx.try_recv() {
+                        finishes.extend(more);
+                    }
+                    let synced = fsync(&path, &count);
+                    for finish in finishes {
+                        finish(synced.as_ref().map(|_| ()));
+                    }
+                }
+            })
+            .is_ok();
         Self {
             db,
             queue: Mutex::new(Queue::default()),
-            syncs: AtomicU64::new(0),
+            syncer: Mutex::new(started.then_some(tx)),
+            syncs,
             batches: AtomicU64::new(0),
         }
     }
@@ -181,25 +210,21 @@ impl GroupSync {
                 }
             }
             if !finishes.is_empty() {
-                let synced = self.fsync();
-                for finish in finishes {
-                    finish(synced.as_ref().map(|_| ()));
+                let unsent = match self.syncer.lock() {
+                    Ok(syncer) => match syncer.as_ref() {
+                        Some(tx) => tx.send(finishes).err().map(|e| e.0),
+                        None => Some(finishes),
+                    },
+                    Err(_) => Some(finishes),
+                };
+                if let Some(finishes) = unsent {
+                    let synced = fsync(&self.db, &self.syncs);
+                    for finish in finishes {
+                        finish(synced.as_ref().map(|_| ()));
+                    }
                 }
             }
         }
-    }
-
-    /// fsync the WAL (where NORMAL commits wait for a checkpoint); if there
-    /// is none, everything is in the database file: sync that.
-    fn fsync(&self) -> std::io::Result<()> {
-        let mut wal = self.db.clone().into_os_string();
-        wal.push("-wal");
-        let file = match std::fs::File::open(&wal) {
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => std::fs::File::open(&self.db),
-            other => other,
-        };
-        self.syncs.fetch_add(1, Ordering::Relaxed);
-        file.and_then(|f| f.sync_data())
     }
 
     /// (fsyncs, batches) so far.
@@ -210,4 +235,17 @@ impl GroupSync {
             self.batches.load(Ordering::Relaxed),
         )
     }
+}
+
+/// fsync the WAL (where NORMAL commits wait for a checkpoint); if there is
+/// none, everything is in the database file: sync that.
+fn fsync(db: &std::path::Path, count: &AtomicU64) -> std::io::Result<()> {
+    let mut wal = db.to_owned().into_os_string();
+    wal.push("-wal");
+    let file = match std::fs::File::open(&wal) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => std::fs::File::open(db),
+        other => other,
+    };
+    count.fetch_add(1, Ordering::Relaxed);
+    file.and_then(|f| f.sync_data())
 }
