@@ -141,6 +141,22 @@ fn release(gw: &Gateway, lock: &str, lease: &str, token: &str) -> anyhow::Result
     Ok(())
 }
 
+/// boto3's multipart scenario on `reports/mp/big.bin` under three
+/// successive grants A, B, C (A and B released, so both are stale).
+fn boto3_multipart(gw: &Gateway) -> anyhow::Result<()> {
+    let lock = "reports/mp/big.bin";
+    let a = acquire(gw, lock, "a")?;
+    release(gw, lock, "a", &a)?;
+    let b = acquire(gw, lock, "b")?;
+    release(gw, lock, "b", &b)?;
+    let c = acquire(gw, lock, "c")?;
+    boto3(
+        gw,
+        "multipart",
+        &[("TOKEN_A", &a), ("TOKEN_B", &b), ("TOKEN_C", &c)],
+    )
+}
+
 /// Run a command; its output if it succeeded, else an error with both.
 fn run(cmd: &mut Command) -> anyhow::Result<String> {
     let out = cmd.output().with_context(|| format!("running {cmd:?}"))?;
@@ -196,17 +212,7 @@ fn boto3_paused_writer_is_refused() -> anyhow::Result<()> {
 fn boto3_multipart_is_fenced_at_complete() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let gw = start(dir.path())?;
-    let lock = "reports/mp/big.bin";
-    let a = acquire(&gw, lock, "a")?;
-    release(&gw, lock, "a", &a)?;
-    let b = acquire(&gw, lock, "b")?;
-    release(&gw, lock, "b", &b)?;
-    let c = acquire(&gw, lock, "c")?;
-    boto3(
-        &gw,
-        "multipart",
-        &[("TOKEN_A", &a), ("TOKEN_B", &b), ("TOKEN_C", &c)],
-    )?;
+    boto3_multipart(&gw)?;
     let r = gw.request("GET", "/objects/reports/mp/big.bin", &[], b"")?;
     ensure!(r.status == 200 && r.body.len() == 6 << 20, "{}", r.status);
     Ok(())
@@ -454,17 +460,7 @@ fn s3_front_on_postgres() -> anyhow::Result<()> {
         &[],
     )?;
     boto3(&gw, "objects", &[])?;
-    let lock = "reports/mp/big.bin";
-    let a = acquire(&gw, lock, "a")?;
-    release(&gw, lock, "a", &a)?;
-    let b = acquire(&gw, lock, "b")?;
-    release(&gw, lock, "b", &b)?;
-    let c = acquire(&gw, lock, "c")?;
-    boto3(
-        &gw,
-        "multipart",
-        &[("TOKEN_A", &a), ("TOKEN_B", &b), ("TOKEN_C", &c)],
-    )?;
+    boto3_multipart(&gw)?;
     let before = gw.blob_count()?;
     let state = dir.path().join("upload.json");
     let state = state.to_str().context("path")?;
@@ -1077,17 +1073,7 @@ fn s3_upstream_complete_composes_in_the_bucket() -> anyhow::Result<()> {
         upstream_blob_files(&root)?
     );
 
-    let lock = "reports/mp/big.bin";
-    let a = acquire(&gw, lock, "a")?;
-    release(&gw, lock, "a", &a)?;
-    let b = acquire(&gw, lock, "b")?;
-    release(&gw, lock, "b", &b)?;
-    let c = acquire(&gw, lock, "c")?;
-    boto3(
-        &gw,
-        "multipart",
-        &[("TOKEN_A", &a), ("TOKEN_B", &b), ("TOKEN_C", &c)],
-    )?;
+    boto3_multipart(&gw)?;
     ensure!(upstream_uploads(&root)? == 0, "an upstream upload is left");
     Ok(())
 }
