@@ -61,7 +61,7 @@ pub use auth::{
 pub use blobs::{BlobReader, BlobWriter, Blobs, Stored, Upstream, Written, s3_store};
 pub use collector::Collector;
 pub use error::Error;
-pub use http::{Config, Ctx, Gateway, Guarded, Limits, Pace};
+pub use http::{Config, Ctx, Drain, Gateway, Guarded, Limits, Pace};
 pub use key::{KeyError, encode_key, validate_key};
 pub use locks::{LeaseEvent, LockPolicy, LockReply, MAX_LOCK_BODY, handle as handle_lock};
 pub use metrics::Metrics;

@@ -13,8 +13,9 @@ use fencecheck_gateway::{
     Auth, Blobs, Collector, Config, Gateway, Guarded, Limits, Metrics, Pace, PgConnect, Reloader,
     Store, Upstream, s3_store,
 };
-use pingora::server::Server;
 use pingora::server::configuration::ServerConf;
+use pingora::server::{ExecutionPhase, RunArgs, Server};
+use tokio::sync::broadcast;
 
 /// A fencing HTTP gateway: PUT/GET/DELETE /objects/{key} with Fence-Token.
 #[derive(Parser, Debug)]
@@ -153,6 +154,12 @@ struct Args {
     /// Worker threads for the HTTP service.
     #[arg(long, default_value_t = 2)]
     threads: usize,
+    /// Seconds SIGTERM waits for requests in flight: the listeners close at
+    /// once, each request in flight finishes (its connection then closes),
+    /// and the process exits as soon as none is left, or after this
+    /// anyway. SIGINT exits at once.
+    #[arg(long, default_value_t = 30)]
+    drain_timeout: u64,
 }
 
 /// The plain-TCP listener's per-connection write buffer: a 4 KiB object
@@ -253,6 +260,10 @@ fn main() -> anyhow::Result<()> {
         }
     };
     let store = Arc::new(store);
+    // Held here until the runtimes are gone, so that the store's and the
+    // coordinator's database connections are dropped on this thread: a
+    // synchronous PostgreSQL client dropped on a runtime thread panics.
+    let held = (store.clone(), coordinator.clone());
 
     let blobs = Arc::new(match (&args.upstream, &args.s3_upstream, &args.s3_bucket) {
         (Some(url), _, _) => Blobs::upstream(
@@ -301,6 +312,12 @@ fn main() -> anyhow::Result<()> {
     );
     let conf = ServerConf {
         threads: args.threads,
+        // Pingora sleeps this whole period after SIGTERM (its default is
+        // 300 s), idle or not; `drain_then_exit` ends it once the last
+        // connection is done.
+        grace_period_seconds: Some(args.drain_timeout),
+        // After it, tasks still running get this long before they are dropped.
+        graceful_shutdown_timeout_seconds: Some(1),
         ..ServerConf::default()
     };
     let mut server = Server::new_with_opt_and_conf(None, conf);
@@ -317,10 +334,10 @@ fn main() -> anyhow::Result<()> {
         gateway = gateway.with_s3(&args.bucket)?;
     }
     let proxy = pingora::proxy::http_proxy(&server.configuration, gateway);
-    let mut service = pingora::services::listening::Service::new(
-        "fencecheck-gateway".to_owned(),
-        Guarded::new(proxy, limits, metrics),
-    );
+    let guarded = Guarded::new(proxy, limits, metrics);
+    let drain = guarded.drain();
+    let mut service =
+        pingora::services::listening::Service::new("fencecheck-gateway".to_owned(), guarded);
     match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => {
             let (cert, key) = tls_files(cert, key)?;
@@ -356,8 +373,62 @@ fn main() -> anyhow::Result<()> {
     server.add_service(pingora::services::background::background_service(
         "reloader", reloader,
     ));
+    let phases = server.watch_execution_phase();
+    let drain_timeout = Duration::from_secs(args.drain_timeout);
+    let for_drain = held.0.clone();
+    std::thread::Builder::new()
+        .name("fencecheck-drain".into())
+        .spawn(move || drain_then_exit(phases, &drain, &for_drain, drain_timeout))
+        .context("starting the shutdown watcher")?;
     tracing::info!(listen = %args.listen, data = %args.data.display(), "serving");
-    server.run_forever()
+    server.run(RunArgs::default());
+    // SIGINT, or a drain that outlasted --drain-timeout: the runtimes are
+    // gone (their tasks dropped), and with them every other reference.
+    held.0.close_idle();
+    drop(held);
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// After SIGTERM, wait for the last connection to finish (Pingora has
+/// closed the listeners and ends keep-alive), then exit at once rather
+/// than sleep out the rest of the grace period. At the deadline Pingora
+/// goes on by itself: the runtimes stop and `main` returns.
+fn drain_then_exit(
+    mut phases: broadcast::Receiver<ExecutionPhase>,
+    drain: &fencecheck_gateway::Drain,
+    store: &Store,
+    timeout: Duration,
+) {
+    loop {
+        match phases.blocking_recv() {
+            Ok(ExecutionPhase::ShutdownGracePeriod) => break,
+            // SIGINT: no grace period; `main` finishes the shutdown.
+            Ok(ExecutionPhase::ShutdownRuntimes) | Err(broadcast::error::RecvError::Closed) => {
+                return;
+            }
+            Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
+        }
+    }
+    let started = std::time::Instant::now();
+    tracing::info!(
+        timeout_s = timeout.as_secs(),
+        "SIGTERM: draining (listeners closed)"
+    );
+    match drain.wait(started + timeout) {
+        Ok(()) => {
+            tracing::info!(
+                ms = started.elapsed().as_millis() as u64,
+                "drained: every request finished; exiting"
+            );
+            store.close_idle();
+            std::process::exit(0);
+        }
+        Err(open) => tracing::warn!(
+            open,
+            "--drain-timeout passed with connections still open; closing them"
+        ),
+    }
 }
 
 /// Whether every address `listen` resolves to is a loopback one.

@@ -109,6 +109,53 @@ fn sighup_reload_mid_traffic() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// With `--postgres`, a SIGHUP swap closes the pool's idle PostgreSQL
+/// connections off the runtime (dropped on the reload task's thread they
+/// panicked and poisoned the pool): writes before and after each of two
+/// reloads are decided, a stale one refused, and the log has no panic.
+#[test]
+fn sighup_reload_with_postgres() -> anyhow::Result<()> {
+    let server = fencecheck_tests::pgserver::PgServer::start()?;
+    let url = format!(
+        "host=127.0.0.1 port={} user=postgres dbname=postgres connect_timeout=10",
+        server.port()
+    );
+    let dir = tempfile::tempdir()?;
+    let component = dir.path().join("fence.wasm");
+    std::fs::write(&component, fencecheck::COMPONENT)?;
+    let log = dir.path().join("gw.log");
+    let path = component.to_str().context("path")?;
+    let mut gw = Gateway::spawn_logged(
+        &dir.path().join("data"),
+        &["--component", path, "--postgres", &url, "--pg-pool", "4"],
+        None,
+        Some((&log, "info,s3s=off")),
+        &[],
+    )?;
+    gw.wait_healthy()?;
+    let put = |token: &str| -> anyhow::Result<u16> {
+        Ok(gw
+            .request(
+                "PUT",
+                "/objects/reload/pg",
+                &[("Fence-Token", token)],
+                token.as_bytes(),
+            )?
+            .status)
+    };
+    ensure!(put("0.1")? == 201, "first PUT");
+    for n in 1..=2 {
+        hangup(&gw)?;
+        wait_for(&gw, "ok", n)?;
+        let token = format!("0.{}", n + 1);
+        ensure!(put(&token)? == 200, "PUT {token} after reload #{n}");
+    }
+    ensure!(put("0.1")? == 409, "a stale PUT after the reloads");
+    let text = std::fs::read_to_string(&log)?;
+    ensure!(!text.contains("panicked"), "{text}");
+    Ok(())
+}
+
 /// A `--component` that is not a fencecheck component stops the gateway at
 /// startup (nonzero exit), before it listens.
 #[test]

@@ -46,6 +46,7 @@ pub struct Guarded<A> {
     limits: Limits,
     connections: Arc<Semaphore>,
     metrics: Arc<Metrics>,
+    drain: Arc<Drain>,
 }
 
 impl<A> Guarded<A> {
@@ -56,7 +57,83 @@ impl<A> Guarded<A> {
             connections: Arc::new(Semaphore::new(limits.max_connections)),
             limits,
             metrics,
+            drain: Arc::new(Drain::default()),
         }
+    }
+
+    /// What a shutdown waits for: the listeners closed and every
+    /// connection served to its end.
+    pub fn drain(&self) -> Arc<Drain> {
+        self.drain.clone()
+    }
+}
+
+/// The connections still open and whether the listeners have closed.
+/// Pingora's graceful shutdown closes the listeners, lets each request in
+/// flight finish (without keep-alive) and wakes idle keep-alive
+/// connections to close, but then sleeps its whole grace period even when
+/// nothing is left; [`Drain::wait`] is how `main` ends it as soon as the
+/// last connection is done.
+#[derive(Debug, Default)]
+pub struct Drain {
+    state: std::sync::Mutex<DrainState>,
+    changed: std::sync::Condvar,
+}
+
+#[derive(Debug, Default)]
+struct DrainState {
+    open: usize,
+    closed: bool,
+}
+
+impl Drain {
+    fn update(&self, f: impl FnOnce(&mut DrainState)) {
+        // A poisoned lock only means a panic elsewhere mid-update; the
+        // counts themselves are plain integers, still usable.
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        f(&mut state);
+        drop(state);
+        self.changed.notify_all();
+    }
+
+    /// Wait until the listeners have closed and no connection is open, or
+    /// until `deadline`. `Ok(())`: drained; `Err(n)`: `n` connections were
+    /// still open at the deadline.
+    pub fn wait(&self, deadline: Instant) -> Result<(), usize> {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if state.closed && state.open == 0 {
+                return Ok(());
+            }
+            let Some(left) = deadline
+                .checked_duration_since(Instant::now())
+                .filter(|d| !d.is_zero())
+            else {
+                return Err(state.open);
+            };
+            state = self
+                .changed
+                .wait_timeout(state, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+}
+
+/// One open connection, counted until dropped (also when its task is
+/// cancelled).
+struct Open(Arc<Drain>);
+
+impl Open {
+    fn new(drain: &Arc<Drain>) -> Self {
+        drain.update(|s| s.open += 1);
+        Self(drain.clone())
+    }
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.0.update(|s| s.open = s.open.saturating_sub(1));
     }
 }
 
@@ -79,6 +156,7 @@ impl<A: ServerApp + Send + Sync + 'static> ServerApp for Guarded<A> {
             return None;
         };
         self.metrics.connections(1);
+        let open = Open::new(&self.drain);
         let tracked = Tracked {
             inner: stream,
             header_timeout: self.limits.header_timeout,
@@ -94,11 +172,15 @@ impl<A: ServerApp + Send + Sync + 'static> ServerApp for Guarded<A> {
         drop(reused);
         drop(permit);
         self.metrics.connections(-1);
+        drop(open);
         None
     }
 
+    /// Called once the service's listeners have closed (shutdown).
     async fn cleanup(&self) {
+        // The inner cleanup wakes idle keep-alive connections to close.
         self.inner.cleanup().await;
+        self.drain.update(|s| s.closed = true);
     }
 }
 

@@ -23,7 +23,7 @@ use pingora::proxy::{ProxyHttp, Session};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 pub use body::Pace;
-pub use conn::{Guarded, Limits};
+pub use conn::{Drain, Guarded, Limits};
 
 use crate::auth::{Auth, Caller, Unauthenticated};
 use crate::blobs::Blobs;

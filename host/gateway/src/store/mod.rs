@@ -267,6 +267,12 @@ impl Store {
         self.pool.swap(runtime);
     }
 
+    /// Close the pool's idle database connections (at shutdown: PostgreSQL
+    /// is told goodbye rather than seeing the sockets drop).
+    pub fn close_idle(&self) {
+        self.pool.close_idle();
+    }
+
     /// The turn of an SQLite writer (see `writer`); none for PostgreSQL.
     fn turn(&self) -> Option<std::sync::MutexGuard<'_, ()>> {
         if self.pool.is_sqlite() {

@@ -98,11 +98,20 @@ impl Pool {
             *current = (current.0 + 1, runtime);
         }
         if let Ok(mut slots) = self.slots.lock() {
-            let dropped = slots.idle.len();
-            slots.idle.clear();
-            slots.open -= dropped;
+            let idle = std::mem::take(&mut slots.idle);
+            slots.open -= idle.len();
+            retire(idle);
         }
         self.freed.notify_all();
+    }
+
+    /// Close the idle connections now (at shutdown, off any runtime).
+    pub fn close_idle(&self) {
+        if let Ok(mut slots) = self.slots.lock() {
+            let idle = std::mem::take(&mut slots.idle);
+            slots.open -= idle.len();
+            retire(idle);
+        }
     }
 
     /// An idle slot, or room to open one (`None`), waiting up to `WAIT`.
@@ -118,6 +127,7 @@ impl Pool {
                     && client.is_closed()
                 {
                     slots.open = slots.open.saturating_sub(1);
+                    retire(vec![slot]);
                     continue;
                 }
                 return Ok(Some(slot));
@@ -149,7 +159,10 @@ impl Pool {
         if let Ok(mut slots) = self.slots.lock() {
             match slot {
                 Some(slot) if current == Some(slot.generation) => slots.idle.push(slot),
-                _ => slots.open = slots.open.saturating_sub(1),
+                other => {
+                    slots.open = slots.open.saturating_sub(1);
+                    retire(other.into_iter().collect());
+                }
             }
         }
         self.freed.notify_one();
@@ -192,6 +205,36 @@ impl Pool {
             guest: runtime.instance()?,
             generation,
         })
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        if let Ok(slots) = self.slots.get_mut() {
+            retire(std::mem::take(&mut slots.idle));
+        }
+    }
+}
+
+/// Drop slots where that is allowed. A synchronous `postgres::Client` says
+/// goodbye to the server from its `Drop` on a runtime of its own, which
+/// panics on a thread that belongs to a tokio runtime ("Cannot start a
+/// runtime from within a runtime"): a swap from the SIGHUP task, or the
+/// pool freed with the service at shutdown. Such slots are dropped on a
+/// thread of their own; if none can be started they are leaked (the
+/// process's sockets close with it), never dropped in place.
+fn retire(slots: Vec<Slot>) {
+    let postgres = slots.iter().any(|s| matches!(s.conn, Conn::Postgres(_)));
+    if !postgres || tokio::runtime::Handle::try_current().is_err() {
+        return drop(slots);
+    }
+    let held = std::sync::Arc::new(Mutex::new(Some(slots)));
+    let moved = held.clone();
+    let spawned = std::thread::Builder::new()
+        .name("fencecheck-pg-close".into())
+        .spawn(move || drop(moved.lock().ok().and_then(|mut s| s.take())));
+    if spawned.is_err() {
+        std::mem::forget(held.lock().ok().and_then(|mut s| s.take()));
     }
 }
 
