@@ -252,17 +252,26 @@ impl Front {
             ctx.epoch = t.epoch;
             ctx.principal.clone_from(&t.principal);
         }
-        let response = match answer {
+        let mut response = match answer {
             Ok(r) => r,
             Err(e) => {
-                // Serializing an S3 error failed: a bare 500.
+                // Serializing an S3 error failed: a fixed document, still
+                // one an SDK can read.
                 tracing::error!(error = %e, "an S3 answer could not be built");
-                let mut h = ResponseHeader::build(500, Some(1))?;
-                h.insert_header("Content-Length", "0")?;
+                let mut h = ResponseHeader::build(500, Some(2))?;
+                h.insert_header(http::header::CONTENT_TYPE, XML)?;
                 ctx.outcome = "error";
-                return session.write_response_header(Box::new(h), true).await;
+                if session.req_header().method == http::Method::HEAD {
+                    return session.write_response_header(Box::new(h), true).await;
+                }
+                h.insert_header("Content-Length", UNBUILT.len().to_string())?;
+                session.write_response_header(Box::new(h), false).await?;
+                return session
+                    .write_response_body(Some(Bytes::from_static(UNBUILT)), true)
+                    .await;
             }
         };
+        typed(&mut response);
         let status = response.status().as_u16();
         ctx.outcome = tally
             .lock()
@@ -401,6 +410,66 @@ fn without_declaration(chunk: Bytes) -> Bytes {
         return chunk.slice(end + 2..);
     }
     chunk
+}
+
+/// The media type of every S3 error document.
+const XML: &str = "application/xml";
+
+/// The answer when an S3 error itself could not be serialized.
+const UNBUILT: &[u8] = b"<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>InternalError</Code><Message>the answer could not be built</Message></Error>";
+
+/// Give an error answer its `Content-Type` and a `<Message>`. s3s
+/// replaces the whole header map of an error that carries headers of its
+/// own (StaleFence's `fence-token-*`), dropping the `application/xml` it
+/// had set: SDKs that check the type (minio-py) then read no error code at
+/// all. And s3s's own refusals (a bad signature, an invalid path) have a
+/// code and no message.
+pub(crate) fn typed(response: &mut s3s::HttpResponse) {
+    let status = response.status();
+    if !(status.is_client_error() || status.is_server_error()) {
+        return;
+    }
+    if !response.headers().contains_key(http::header::CONTENT_TYPE) {
+        response.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static(XML),
+        );
+    }
+    if let Some(body) = response.body().bytes()
+        && let Some(fixed) = with_message(&body, status)
+    {
+        *response.body_mut() = s3s::Body::from(fixed);
+        response.headers_mut().remove(http::header::CONTENT_LENGTH);
+    }
+}
+
+/// An error document without `<Message>`, with one after its `<Code>`.
+fn with_message(body: &[u8], status: http::StatusCode) -> Option<Bytes> {
+    let find = |part: &[u8]| body.windows(part.len()).position(|w| w == part);
+    if find(b"<Message>").is_some() {
+        return None;
+    }
+    let start = find(b"<Code>")? + b"<Code>".len();
+    let end = find(b"</Code>")?;
+    let message = match body.get(start..end)? {
+        b"SignatureDoesNotMatch" => {
+            "the signature does not match the one calculated for this request (check the secret key, the region and the signed headers)"
+        }
+        b"InvalidURI" => "the path is not a valid S3 path",
+        b"InvalidBucketName" => "not a valid bucket name",
+        b"KeyTooLongError" => "the key is over 1024 bytes",
+        b"IncompleteBody" => "the request body is shorter than declared",
+        b"MethodNotAllowed" => "this method is not allowed on this resource",
+        _ => status.canonical_reason().unwrap_or("error"),
+    };
+    let at = end + b"</Code>".len();
+    let mut out = Vec::with_capacity(body.len() + message.len() + 19);
+    out.extend_from_slice(&body[..at]);
+    out.extend_from_slice(b"<Message>");
+    out.extend_from_slice(message.as_bytes());
+    out.extend_from_slice(b"</Message>");
+    out.extend_from_slice(&body[at..]);
+    Some(Bytes::from(out))
 }
 
 /// An S3 error with a message.
@@ -543,6 +612,39 @@ mod tests {
             let chunk = Bytes::copy_from_slice(same);
             assert_eq!(without_declaration(chunk.clone()), chunk);
         }
+    }
+
+    /// An error answer without a type gets `application/xml`, and one
+    /// without a message gets one after its code; a typed answer with a
+    /// message, and a success, are left as they are.
+    #[test]
+    fn error_answers_are_typed() {
+        let mut e = super::error(s3s::S3ErrorCode::Custom("StaleFence".into()), "newer");
+        e.set_status_code(http::StatusCode::CONFLICT);
+        e.set_headers(http::HeaderMap::new());
+        let mut r = e.to_http_response().expect("serializes");
+        assert!(r.headers().get("content-type").is_none(), "s3s drops it");
+        super::typed(&mut r);
+        assert_eq!(r.headers()["content-type"], "application/xml");
+        let body = r.body().bytes().expect("whole");
+        assert!(body.ends_with(b"<Error><Code>StaleFence</Code><Message>newer</Message></Error>"));
+
+        let mut r = s3s::S3Error::new(s3s::S3ErrorCode::SignatureDoesNotMatch)
+            .to_http_response()
+            .expect("serializes");
+        super::typed(&mut r);
+        let body = r.body().bytes().expect("whole");
+        let text = std::str::from_utf8(&body).expect("utf-8");
+        assert!(
+            text.contains(
+                "<Code>SignatureDoesNotMatch</Code><Message>the signature does not match"
+            ),
+            "{text}"
+        );
+
+        let mut ok = http::Response::new(s3s::Body::from(Bytes::from_static(b"data")));
+        super::typed(&mut ok);
+        assert!(ok.headers().get("content-type").is_none());
     }
 
     /// Bucket names follow S3's rules for path-style names.

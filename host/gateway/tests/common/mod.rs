@@ -292,6 +292,13 @@ impl Open {
         self.response()
     }
 
+    /// Stop sending (half-close): the server sees the body end here, short
+    /// of its `Content-Length`. Then read the response.
+    pub fn cut(self) -> anyhow::Result<Response> {
+        self.stream.shutdown(std::net::Shutdown::Write)?;
+        self.response()
+    }
+
     /// Read the response without ending the body (the server answered early).
     pub fn response(mut self) -> anyhow::Result<Response> {
         let mut raw = Vec::new();
