@@ -1,8 +1,10 @@
 -- fencecheck 0.1.1 -> 0.1.2 (ALTER EXTENSION fencecheck UPDATE): fenced
 -- tables no writer can crash, walk around or roll back (docs/postgres.md,
 -- "Fenced tables"). What follows up to the line "End of protect.sql" is
--- sql/protect.sql, verbatim (tests/upgrade.rs checks it); then every table
--- 0.1.0 or 0.1.1 fenced is fenced again the 0.1.2 way.
+-- sql/protect.sql as 0.1.2 shipped it, verbatim (tests/ext/upgrade.rs checks
+-- it against tests/sql/fencecheck--0.1.2.sql; fencecheck--0.1.2--0.1.3.sql
+-- replaces what changed since); then every table 0.1.0 or 0.1.1 fenced is
+-- fenced again the 0.1.2 way.
 
 -- Fenced tables (0.1.2): the registry, the soundness checks, fence_protect
 -- and fence_unprotect, and the event triggers that keep writers (and

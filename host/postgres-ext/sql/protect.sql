@@ -1,9 +1,10 @@
--- Fenced tables (0.1.2): the registry, the soundness checks, fence_protect
--- and fence_unprotect, and the event triggers that keep writers (and
--- mistakes) from changing how a fenced table is fenced. docs/postgres.md,
--- "Fenced tables", lists each path and its test. This text is in
--- fencecheck--0.1.1--0.1.2.sql as well (tests/upgrade.rs proves the two
--- installs equal, object for object).
+-- Fenced tables (0.1.2, hints 0.1.3): the registry, the soundness checks,
+-- fence_protect and fence_unprotect, and the event triggers that keep
+-- writers (and mistakes) from changing how a fenced table is fenced.
+-- docs/postgres.md#fenced-tables lists each path and its test. Each update
+-- script carries what changed here (0.1.1--0.1.2 all of it as 0.1.2 had it,
+-- 0.1.2--0.1.3 the two functions whose hints changed); tests/ext/upgrade.rs
+-- proves a fresh and an updated install equal, object for object.
 
 -- The trigger functions run only where fence_protect put them: no role
 -- but a superuser may name them in CREATE TRIGGER.
@@ -97,8 +98,9 @@ BEGIN
     END IF;
     reason := fencecheck.unfit(tbl, scope_column, token_column, state_column);
     IF reason IS NOT NULL THEN
-        RAISE EXCEPTION USING ERRCODE = '5F012', MESSAGE = 'invalid-argument: ' || reason,
-            HINT = 'one row per scope, written only through this table: README, "Fenced tables"';
+        -- No HINT: the handler below keeps only the code and message; the
+        -- entry point adds the hint (src/protect.rs).
+        RAISE EXCEPTION USING ERRCODE = '5F012', MESSAGE = 'invalid-argument: ' || reason;
     END IF;
     INSERT INTO fencecheck.protected AS p VALUES (tbl, scope_column, token_column, state_column, policy)
         ON CONFLICT (relid) DO UPDATE
@@ -228,7 +230,7 @@ BEGIN
         END IF;
         IF reason IS NOT NULL THEN
             RAISE EXCEPTION USING ERRCODE = '5F016', MESSAGE = 'unsound-fence: ' || reason,
-                HINT = 'to change how a table is fenced: fence_unprotect, change it, fence_protect';
+                HINT = 'to change how a table is fenced: fence_unprotect, change it, fence_protect (docs/postgres.md#changing-a-fenced-table)';
         END IF;
     END LOOP;
 END

@@ -10,7 +10,7 @@ use fencecheck::{
     SignedTokenText, TokenText,
 };
 
-use crate::sqlstate::{Raise, SqlState};
+use crate::sqlstate::{Raise, SqlState, hint};
 
 /// Text arguments longer than this are refused before they are copied into
 /// the guest; its own limits (scope 1024 bytes, op-id 256) are far below
@@ -211,7 +211,7 @@ pub(crate) fn applied(decision: Decision) -> Result<Vec<u8>, Raise> {
                 TokenText(highest)
             ),
         )
-        .with_hint("a newer owner holds this scope: stop, and do not retry with this token")),
+        .with_hint(hint::STALE)),
         Decision::VersionConflict { expected, actual } => Err(Raise::new(
             SqlState::VersionConflict,
             format!("expected version {expected}, the scope is at {actual}"),

@@ -18,7 +18,7 @@ use pgrx::pg_sys;
 use crate::calls::{self, Args};
 use crate::protect;
 use crate::soundness;
-use crate::sqlstate::{Raise, SqlState};
+use crate::sqlstate::{Raise, SqlState, hint};
 use crate::stats::{self, Operation, Outcome};
 
 unsafe extern "C-unwind" {
@@ -284,7 +284,8 @@ fn truncate_trigger(_fcinfo: pg_sys::FunctionCallInfo) -> Result<Out, Raise> {
     Err(Raise::new(
         SqlState::FenceRequired,
         "TRUNCATE of a fenced table is refused: delete rows with a token, or fence_unprotect the table first",
-    ))
+    )
+    .with_hint(hint::FENCE_REQUIRED))
 }
 
 /// The V1 calling-convention record every entry point declares.

@@ -38,14 +38,14 @@ use pgrx::prelude::*;
 use crate::calls::{self, Args};
 use crate::registry::{self, Fenced, as_owner};
 use crate::settings::{self, Presented, Value};
-use crate::sqlstate::{Raise, SqlState};
+use crate::sqlstate::{Raise, SqlState, hint};
 use crate::stats::{self, Operation};
 use fencecheck::{Decision, TokenText};
 
 use crate::soundness::{INSERTED_TRIGGER, ROW_TRIGGER};
 
 fn required(detail: impl std::fmt::Display) -> Raise {
-    Raise::new(SqlState::FenceRequired, detail)
+    Raise::new(SqlState::FenceRequired, detail).with_hint(hint::FENCE_REQUIRED)
 }
 
 /// A presented guard setting: a value set in an earlier transaction counts
@@ -473,10 +473,16 @@ fn refusal(answer: Option<String>) -> Result<(), Raise> {
     };
     let (code, message) = answer.split_at(answer.find(' ').unwrap_or(0));
     Err(match SqlState::from_code(code) {
+        // The SQL's own HINT does not survive the EXCEPTION block that turns
+        // the error into this answer, so the hint is the state's.
         Some(state) => Raise {
             state,
             message: message.trim_start().to_string(),
-            hint: None,
+            hint: match state {
+                SqlState::InvalidArgument => Some(hint::PROTECT),
+                SqlState::UnsoundFence => Some(hint::UNSOUND),
+                _ => None,
+            },
         },
         None => Raise::new(SqlState::RuntimeError, answer),
     })

@@ -25,7 +25,7 @@ use pgrx::spi::{Spi, SpiClient};
 
 use crate::soundness;
 
-use crate::sqlstate::{Raise, SqlState};
+use crate::sqlstate::{Raise, SqlState, hint};
 use fencecheck::GrantKey;
 
 /// A fenced table as its triggers use it.
@@ -89,9 +89,7 @@ impl Fenced {
 }
 
 pub(crate) fn unsound(detail: impl std::fmt::Display) -> Raise {
-    Raise::new(SqlState::UnsoundFence, detail).with_hint(
-        "the table's fencing changed behind fence_protect: its owner can fence_protect it again",
-    )
+    Raise::new(SqlState::UnsoundFence, detail).with_hint(hint::REFENCE)
 }
 
 /// One signing key of `fencecheck.keys`.

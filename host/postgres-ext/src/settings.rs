@@ -206,7 +206,7 @@ pub(crate) fn define() {
             GucRegistry::define_string_guc_with_hooks(
                 name,
                 short,
-                c"Counts only in the transaction that set it (README, \"Fenced tables\").",
+                c"Counts only in the transaction that set it (docs/postgres.md#settings).",
                 setting,
                 GucContext::Userset,
                 GucFlags::default(),

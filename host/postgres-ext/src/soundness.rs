@@ -21,7 +21,7 @@ use std::ffi::{CStr, c_char, c_int};
 
 use pgrx::pg_sys;
 
-use crate::sqlstate::{Raise, SqlState};
+use crate::sqlstate::{Raise, SqlState, hint};
 
 /// The row trigger's name. BEFORE triggers fire in name order (strcmp):
 /// this one must be the last to see NEW.
@@ -84,7 +84,8 @@ fn own_relation(name: &CStr) -> Result<pg_sys::Oid, Raise> {
                     "fencecheck.{} is missing: the extension's SQL objects are older than its library: run ALTER EXTENSION fencecheck UPDATE",
                     name.to_string_lossy()
                 ),
-            ));
+            )
+            .with_hint(hint::UPGRADE));
         }
         Ok(relid)
     }

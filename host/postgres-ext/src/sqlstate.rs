@@ -33,6 +33,25 @@ impl Raise {
     }
 }
 
+/// The HINTs, each ending in the section of docs/postgres.md that explains
+/// what to do (scripts/check-links fails on an anchor the guide lacks).
+pub(crate) mod hint {
+    /// 5F001: the grant is over.
+    pub(crate) const STALE: &str = "a newer owner holds this scope: stop, and do not retry with this token (docs/postgres.md#sqlstates)";
+    /// 5F011: a write to a fenced table without its token.
+    pub(crate) const FENCE_REQUIRED: &str =
+        "every write to a fenced table presents its token (docs/postgres.md#fenced-tables)";
+    /// 5F012 from fence_protect or fence_unprotect.
+    pub(crate) const PROTECT: &str =
+        "one row per scope, written only through this table (docs/postgres.md#fenced-tables)";
+    /// 5F016: the table's fencing changed, or would.
+    pub(crate) const UNSOUND: &str = "to change how a table is fenced: fence_unprotect, change it, fence_protect (docs/postgres.md#changing-a-fenced-table)";
+    /// 5F016: the table was changed behind the guard.
+    pub(crate) const REFENCE: &str = "the table's fencing changed behind fence_protect: its owner can fence_protect it again (docs/postgres.md#changing-a-fenced-table)";
+    /// 5F016: the library is newer than the extension's SQL objects.
+    pub(crate) const UPGRADE: &str = "run ALTER EXTENSION fencecheck UPDATE in every database that has the extension (docs/postgres.md#upgrading)";
+}
+
 /// The outcomes with their codes. The table in docs/postgres.md is this list.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum SqlState {

@@ -63,6 +63,18 @@ pub fn message<T>(result: &Result<T, postgres::Error>) -> String {
     }
 }
 
+/// The server's HINT of a failed statement (empty when it has none).
+pub fn hint<T>(result: &Result<T, postgres::Error>) -> String {
+    match result {
+        Ok(_) => String::new(),
+        Err(e) => e
+            .as_db_error()
+            .and_then(|d| d.hint())
+            .unwrap_or_default()
+            .to_string(),
+    }
+}
+
 /// The seed's report catalog as a fenced table.
 pub const CATALOG: &str = "
 CREATE TABLE report_catalog (

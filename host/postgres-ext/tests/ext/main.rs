@@ -6,6 +6,7 @@
 mod common;
 mod functions;
 mod fuzz;
+mod hints;
 mod load;
 mod observe;
 mod paths;

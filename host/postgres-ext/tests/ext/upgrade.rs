@@ -1,17 +1,22 @@
 //! Versions of the extension's SQL: `ALTER EXTENSION fencecheck UPDATE`
-//! from 0.1.0 and 0.1.1 (their install scripts as they shipped, in
-//! tests/sql/) fences their tables the 0.1.2 way and ends with the objects
-//! a fresh install makes; and pg_dump/restore keeps a fenced table fenced.
+//! from 0.1.0, 0.1.1 and 0.1.2 (their install scripts as they shipped, in
+//! tests/sql/) fences their tables the way a fresh install does, with its
+//! hints, and ends with the objects a fresh install makes; and
+//! pg_dump/restore keeps a fenced table fenced.
 
 use std::path::PathBuf;
 use std::process::Command;
 
 use crate::common::{PgServer, message, sqlstate};
+use crate::hints::refused_pointing_at;
 use anyhow::{Context, Result, bail, ensure};
 use postgres::Client;
 
 const JULY: &str = "report/july";
-const OLD: [&str; 2] = ["0.1.0", "0.1.1"];
+const OLD: [&str; 3] = ["0.1.0", "0.1.1", "0.1.2"];
+/// The versions whose SQL the current library does not trust (their fenced
+/// tables refuse every row until the update); 0.1.2's it serves as is.
+const UNTRUSTED: [&str; 2] = ["0.1.0", "0.1.1"];
 
 fn pg_config(arg: &str) -> Result<String> {
     let pg_config = std::env::var("PG_CONFIG").unwrap_or_else(|_| "pg_config".into());
@@ -25,7 +30,8 @@ fn pg_config(arg: &str) -> Result<String> {
 
 /// Put the old versions' install scripts beside the installed extension
 /// (PostgreSQL finds `fencecheck--V.sql` there), as a server that had them
-/// installed before would have them.
+/// installed before would have them. Each lands whole (written aside, then
+/// renamed): tests running at once may be reading it.
 fn install_old_scripts() -> Result<()> {
     let dir = PathBuf::from(pg_config("--sharedir")?).join("extension");
     for version in OLD {
@@ -33,8 +39,19 @@ fn install_old_scripts() -> Result<()> {
         let from = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
             .join("tests/sql")
             .join(&name);
-        std::fs::copy(&from, dir.join(&name))
-            .with_context(|| format!("copying {} into {}", from.display(), dir.display()))?;
+        let text = std::fs::read(&from).with_context(|| format!("reading {}", from.display()))?;
+        let to = dir.join(&name);
+        if std::fs::read(&to).ok().as_ref() == Some(&text) {
+            continue;
+        }
+        let aside = dir.join(format!(
+            ".{name}.{}.{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        std::fs::write(&aside, &text)
+            .and_then(|()| std::fs::rename(&aside, &to))
+            .with_context(|| format!("installing {} into {}", from.display(), dir.display()))?;
     }
     Ok(())
 }
@@ -48,24 +65,73 @@ fn version(db: &mut Client) -> Result<String> {
         .get(0))
 }
 
-/// The upgrade script holds sql/protect.sql verbatim: the fresh install and
-/// the upgrade define the new objects from one text.
+/// The 0.1.1 -> 0.1.2 script holds the protect.sql 0.1.2 shipped (the
+/// tail of its install script) verbatim: that install and that update
+/// defined the new objects from one text.
 #[test]
-fn the_upgrade_script_carries_protect_sql() -> Result<()> {
-    let protect = include_str!("../../sql/protect.sql");
+fn the_0_1_2_update_carries_its_protect_sql() -> Result<()> {
+    let shipped = include_str!("../sql/fencecheck--0.1.2.sql");
+    let start = shipped
+        .find("-- Fenced tables (0.1.2)")
+        .context("tests/sql/fencecheck--0.1.2.sql has no protect.sql part")?;
     let upgrade = include_str!("../../sql/fencecheck--0.1.1--0.1.2.sql");
     ensure!(
-        upgrade.contains(protect),
-        "sql/fencecheck--0.1.1--0.1.2.sql must hold sql/protect.sql verbatim"
+        upgrade.contains(shipped[start..].trim_end()),
+        "sql/fencecheck--0.1.1--0.1.2.sql must hold 0.1.2's sql/protect.sql verbatim"
+    );
+    Ok(())
+}
+
+/// The function `name` as `sql` defines it: from its CREATE to the end of
+/// its `$fn$` body.
+fn definition<'a>(sql: &'a str, create: &str, name: &str) -> Result<&'a str> {
+    let head = format!("{create} {name}(");
+    let start = sql.find(&head).with_context(|| format!("no {head}"))?;
+    let end = sql[start..]
+        .find("$fn$;\n")
+        .with_context(|| format!("{name} has no $fn$ body"))?;
+    Ok(&sql[start + create.len()..start + end])
+}
+
+/// The 0.1.2 -> 0.1.3 script defines each function it replaces exactly as
+/// sql/protect.sql does (CREATE OR REPLACE for CREATE), and does nothing
+/// else.
+#[test]
+fn the_0_1_3_update_carries_protect_sql_definitions() -> Result<()> {
+    let protect = include_str!("../../sql/protect.sql");
+    let upgrade = include_str!("../../sql/fencecheck--0.1.2--0.1.3.sql");
+    let replaced: Vec<&str> = upgrade
+        .match_indices("CREATE OR REPLACE FUNCTION ")
+        .filter_map(|(i, m)| upgrade[i + m.len()..].split('(').next())
+        .collect();
+    ensure!(
+        replaced == ["fencecheck.protect", "fencecheck.guard"],
+        "{replaced:?}"
+    );
+    let mut rest = upgrade.to_string();
+    for name in replaced {
+        let replacing = definition(upgrade, "CREATE OR REPLACE FUNCTION", name)?;
+        ensure!(
+            replacing == definition(protect, "CREATE FUNCTION", name)?,
+            "{name} differs from sql/protect.sql's"
+        );
+        rest = rest.replace(&format!("CREATE OR REPLACE FUNCTION{replacing}$fn$;\n"), "");
+    }
+    // Besides them, comments only.
+    ensure!(
+        rest.lines()
+            .all(|l| l.trim().is_empty() || l.starts_with("--")),
+        "the update does more than replace the functions: {rest}"
     );
     Ok(())
 }
 
 /// From each old version: its tables fenced with its own fence_protect, a
 /// tombstone, a partitioned table 0.1.0/0.1.1 accepted; then the new
-/// library is installed (writes to the old tables are refused until the SQL
-/// is updated: 5F016 naming ALTER EXTENSION), and ALTER EXTENSION UPDATE
-/// fences the plain table the 0.1.2 way (its marks and tombstones kept,
+/// library is installed (writes to 0.1.0/0.1.1 tables are refused until the
+/// SQL is updated: 5F016 naming ALTER EXTENSION, its hint the guide's
+/// upgrading section; 0.1.2's keep working), and ALTER EXTENSION UPDATE
+/// fences the plain table the current way (its marks and tombstones kept,
 /// the trigger renamed, writers kept out) and leaves the partitioned one
 /// refusing every write, with a warning naming it.
 #[test]
@@ -74,32 +140,39 @@ fn alter_extension_update_refences_every_table() -> Result<()> {
     for old in OLD {
         let server = PgServer::start()?;
         let mut db = server.client()?;
+        let untrusted = UNTRUSTED.contains(&old);
         db.batch_execute(&format!(
             "CREATE EXTENSION fencecheck VERSION '{old}';
              CREATE TABLE docs (scope text PRIMARY KEY, body text, token text, fence_state bytea);
              SELECT fence_protect('docs', 'scope', 'token', 'fence_state');
-             CREATE TABLE parts (scope text PRIMARY KEY, body text, token text, fence_state bytea)
-                 PARTITION BY LIST (scope);
-             CREATE TABLE parts_a PARTITION OF parts FOR VALUES IN ('a');
-             SELECT fence_protect('parts', 'scope', 'token', 'fence_state');
              CREATE ROLE w LOGIN;
              GRANT ALL ON docs TO w;"
         ))?;
+        if untrusted {
+            // 0.1.2 and later refuse to fence a partitioned table.
+            db.batch_execute(
+                "CREATE TABLE parts (scope text PRIMARY KEY, body text, token text, fence_state bytea)
+                     PARTITION BY LIST (scope);
+                 CREATE TABLE parts_a PARTITION OF parts FOR VALUES IN ('a');
+                 SELECT fence_protect('parts', 'scope', 'token', 'fence_state');",
+            )?;
+        }
         ensure!(version(&mut db)? == old);
-        // The library serving old SQL: nothing to trust, every row refused.
         let early = db.execute(
-            "INSERT INTO docs (scope, body, token) VALUES ($1, 'a', '0.40')",
-            &[&JULY],
+            "INSERT INTO docs (scope, body, token) VALUES ('report/early', 'a', '0.40')",
+            &[],
         );
-        ensure!(
-            sqlstate(&early).as_deref() == Some("5F016"),
-            "{old}: {early:?}"
-        );
-        ensure!(
-            message(&early).contains("ALTER EXTENSION fencecheck UPDATE"),
-            "{old}: {}",
-            message(&early)
-        );
+        if untrusted {
+            // The library serving old SQL: nothing to trust, every row refused.
+            refused_pointing_at(old, &early, "5F016", "upgrading")?;
+            ensure!(
+                message(&early).contains("ALTER EXTENSION fencecheck UPDATE"),
+                "{old}: {}",
+                message(&early)
+            );
+        } else {
+            ensure!(early.as_ref().ok() == Some(&1), "{old}: {early:?}");
+        }
 
         db.batch_execute("ALTER EXTENSION fencecheck UPDATE")?;
         ensure!(version(&mut db)? == env!("CARGO_PKG_VERSION"));
@@ -140,20 +213,72 @@ fn alter_extension_update_refences_every_table() -> Result<()> {
             sqlstate(&replace).as_deref() == Some("42501"),
             "{old}: {replace:?}"
         );
-        let part = db.execute(
-            "INSERT INTO parts (scope, body, token) VALUES ('a', 'x', '0.1')",
-            &[],
-        );
+        if untrusted {
+            let part = db.execute(
+                "INSERT INTO parts (scope, body, token) VALUES ('a', 'x', '0.1')",
+                &[],
+            );
+            ensure!(
+                sqlstate(&part).as_deref() == Some("5F016"),
+                "{old}: {part:?}"
+            );
+            ensure!(
+                server
+                    .log()
+                    .contains("parts refuses every write until it is fenced soundly"),
+                "{old}: no warning named the partitioned table"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// After ALTER EXTENSION UPDATE from each old version, a table fenced
+/// before refuses like one fenced by a fresh install, with the hints that
+/// name docs/postgres.md's sections: stale-fence from the library, the
+/// DDL guard's from the replaced SQL function, fence_protect's refusal of
+/// a table it cannot fence.
+#[test]
+fn updated_installs_hint_like_fresh_ones() -> Result<()> {
+    install_old_scripts()?;
+    for old in OLD {
+        let server = PgServer::start()?;
+        let mut db = server.client()?;
+        db.batch_execute(&format!(
+            "CREATE EXTENSION fencecheck VERSION '{old}';
+             CREATE TABLE docs (scope text PRIMARY KEY, body text, token text, fence_state bytea);
+             SELECT fence_protect('docs', 'scope', 'token', 'fence_state');
+             CREATE TABLE loose (scope text, token text, fence_state bytea);
+             ALTER EXTENSION fencecheck UPDATE;"
+        ))?;
+        ensure!(version(&mut db)? == env!("CARGO_PKG_VERSION"));
         ensure!(
-            sqlstate(&part).as_deref() == Some("5F016"),
-            "{old}: {part:?}"
+            db.execute(
+                "INSERT INTO docs (scope, body, token) VALUES ($1, 'b9', '0.42')",
+                &[&JULY]
+            )? == 1
         );
-        ensure!(
-            server
-                .log()
-                .contains("parts refuses every write until it is fenced soundly"),
-            "{old}: no warning named the partitioned table"
-        );
+        refused_pointing_at(
+            old,
+            &db.execute("UPDATE docs SET body = 'a7', token = '0.41'", &[]),
+            "5F001",
+            "sqlstates",
+        )?;
+        refused_pointing_at(
+            old,
+            &db.execute("ALTER TABLE docs RENAME COLUMN token TO lease_token", &[]),
+            "5F016",
+            "changing-a-fenced-table",
+        )?;
+        refused_pointing_at(
+            old,
+            &db.execute(
+                "SELECT fence_protect('loose', 'scope', 'token', 'fence_state')",
+                &[],
+            ),
+            "5F012",
+            "fenced-tables",
+        )?;
     }
     Ok(())
 }
@@ -185,9 +310,9 @@ fn objects(db: &mut Client) -> Result<Vec<String>> {
     Ok(rows.iter().map(|r| r.get(0)).collect())
 }
 
-/// CREATE EXTENSION at 0.1.2 and CREATE EXTENSION at 0.1.0 or 0.1.1 then
-/// ALTER EXTENSION UPDATE end with the same objects, definitions and
-/// privileges.
+/// CREATE EXTENSION at the current version and CREATE EXTENSION at 0.1.0,
+/// 0.1.1 or 0.1.2 then ALTER EXTENSION UPDATE end with the same objects,
+/// definitions (hint texts included) and privileges.
 #[test]
 fn fresh_and_updated_installs_are_the_same() -> Result<()> {
     install_old_scripts()?;
