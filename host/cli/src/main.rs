@@ -9,6 +9,7 @@ use fencecheck::{Checker, Limits, Native, Runtime};
 
 mod authority;
 mod demo;
+mod exporter;
 mod keys;
 mod trace;
 
@@ -75,6 +76,10 @@ enum Command {
     /// The keys a SQLite resource's scopes require their tokens signed with.
     #[command(subcommand)]
     Keys(keys::Keys),
+    /// Serve `/metrics` (Prometheus text) for Redis/Valkey servers with the
+    /// module (FENCE.METRICS) and PostgreSQL databases with the extension
+    /// (fencecheck.metrics()), with `fencecheck_exporter_up` per target.
+    Exporter(exporter::Exporter),
     /// Print a stored fence or lease state (hex) as JSON.
     Inspect {
         /// The state's bytes in hex.
@@ -159,6 +164,7 @@ fn run() -> Result<ExitCode> {
         Command::Authority(command) => authority::run(&runtime(cli.component.as_ref())?, command),
         Command::Keygen { id } => keys::keygen(id),
         Command::Keys(command) => keys::run(command),
+        Command::Exporter(options) => exporter::run(options),
         Command::Inspect { hex } => {
             let bytes = hex::decode(hex.trim()).context("the state must be hex")?;
             let mut guest = runtime(cli.component.as_ref())?.instance()?;
