@@ -273,16 +273,76 @@ fn decide(
     scope: &[u8],
     token: &[u8],
     options: &[&[u8]],
+    data: &[&[u8]],
     seen: &mut Option<Token>,
 ) -> Result<(Vec<u8>, Verdict), Refusal> {
     let state_key = scope_key(scope)?;
     let (opts, _) = rules::options(options, &[])?;
     let request: Request = rules::request(scope, token, opts)?;
     *seen = Some(request.token);
+    settled(ctx, &state_key, data)?;
     let state = read_string(ctx, &state_key)?;
     let keys = scope_signing_keys(ctx, scope)?;
     let outcome = with_guest(|g| g.decide(state.as_deref(), &request, keys.as_deref()))?;
     Ok((state_key, rules::verdict(outcome)?))
+}
+
+/// In a cluster, while a slot moves (MIGRATING on this node, or IMPORTING
+/// and the client sent ASKING), a scope's keys can be split between the two
+/// nodes, and a decision on a state key that has not arrived (or has left)
+/// would start from nothing: a stale token applied, a lease granted twice.
+/// Redis routes by the command's first argument only and cannot see the
+/// derived state key, so the module applies Redis's own rule for multi-key
+/// commands: with every key here, decide; with one missing while the slot
+/// moves, `-TRYAGAIN` (clients retry it). Outside a migration a missing key
+/// is simply new. `CLUSTER NODES` is asked only when a key is missing.
+fn settled(ctx: &Context, state_key: &[u8], data: &[&[u8]]) -> Result<(), Refusal> {
+    if !ctx.get_flags().contains(ContextFlags::CLUSTER) {
+        return Ok(());
+    }
+    let present = |k: &[u8]| ffi::key_exists(ctx, k) == Some(true);
+    if present(state_key) && data.iter().all(|k| present(k)) {
+        return Ok(());
+    }
+    let nodes: CallResult = ctx.call_ext(
+        "CLUSTER",
+        &CallOptionsBuilder::new().errors_as_replies().build(),
+        &[b"NODES".as_slice()],
+    );
+    let moving = match &nodes {
+        Ok(CallReply::String(text)) => slot_moving(text.as_bytes(), keys::slot(state_key)),
+        // Unknown: refuse rather than decide on what may be half a scope.
+        _ => true,
+    };
+    if moving {
+        return Err(Refusal::new(
+            "TRYAGAIN",
+            "the scope's slot is being migrated and its keys are not all on this node",
+        ));
+    }
+    Ok(())
+}
+
+/// Whether `CLUSTER NODES` marks `slot` as migrating from or importing to
+/// this node (`[slot->-id]`, `[slot-<-id]` on the `myself` line).
+fn slot_moving(nodes: &[u8], slot: u16) -> bool {
+    let Some(me) = nodes.split(|&b| b == b'\n').find(|line| {
+        line.split(|&b| b == b' ')
+            .nth(2)
+            .is_some_and(|flags| flags.split(|&b| b == b',').any(|f| f == b"myself"))
+    }) else {
+        return true;
+    };
+    me.split(|&b| b == b' ').any(|field| {
+        let Some(rest) = field.strip_prefix(b"[") else {
+            return false;
+        };
+        let digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
+        std::str::from_utf8(&rest[..digits])
+            .ok()
+            .and_then(|d| d.parse::<u16>().ok())
+            == Some(slot)
+    })
 }
 
 fn applied(version: u64) -> RedisValue {
@@ -324,7 +384,7 @@ fn decided_set(
 ) -> Result<RedisValue, Refusal> {
     let a = bytes(args);
     data_key(a[1])?;
-    let (state_key, verdict) = decide(ctx, a[1], a[2], &a[4..], seen)?;
+    let (state_key, verdict) = decide(ctx, a[1], a[2], &a[4..], &[a[1]], seen)?;
     match verdict {
         Verdict::Duplicate { version } => Ok(duplicate(version)),
         Verdict::Apply { version, state } => {
@@ -346,7 +406,7 @@ fn decided_del(
 ) -> Result<RedisValue, Refusal> {
     let a = bytes(args);
     data_key(a[1])?;
-    let (state_key, verdict) = decide(ctx, a[1], a[2], &a[3..], seen)?;
+    let (state_key, verdict) = decide(ctx, a[1], a[2], &a[3..], &[a[1]], seen)?;
     match verdict {
         Verdict::Duplicate { version } => Ok(duplicate(version)),
         Verdict::Apply { version, state } => {
@@ -367,7 +427,7 @@ fn decided_check(
     seen: &mut Option<Token>,
 ) -> Result<RedisValue, Refusal> {
     let a = bytes(args);
-    let (_, verdict) = decide(ctx, a[1], a[2], &a[3..], seen)?;
+    let (_, verdict) = decide(ctx, a[1], a[2], &a[3..], &[], seen)?;
     Ok(match verdict {
         Verdict::Apply { version, .. } => applied(version),
         Verdict::Duplicate { version } => duplicate(version),
@@ -520,8 +580,10 @@ fn decided_exec(
     }
     let cluster = ctx.get_flags().contains(ContextFlags::CLUSTER);
     let scope_slot = keys::slot(head[1]);
+    let mut data = Vec::with_capacity(positions.len());
     for p in positions {
         let key = inner.get(p).copied().unwrap_or_default();
+        data.push(key);
         data_key(key)?;
         if cluster && keys::slot(key) != scope_slot {
             return Err(Refusal::new(
@@ -530,7 +592,7 @@ fn decided_exec(
             ));
         }
     }
-    let (state_key, verdict) = decide(ctx, head[1], head[2], &head[3..], seen)?;
+    let (state_key, verdict) = decide(ctx, head[1], head[2], &head[3..], &data, seen)?;
     match verdict {
         Verdict::Duplicate { version } => Ok(duplicate(version)),
         Verdict::Apply { version, state } => {
@@ -677,6 +739,7 @@ fn fence_acquire(ctx: &Context, args: &[RedisString]) -> Result<RedisValue, Refu
     arity(args, 4)?;
     let a = bytes(args);
     let key = lock_key(a[1])?;
+    settled(ctx, &key, &[])?;
     let lock = rules::text("lock", a[1])?;
     let lease_id = rules::text("lease-id", a[2])?;
     let ttl = rules::number("ttl-ms", a[3])?;
@@ -688,7 +751,7 @@ fn fence_acquire(ctx: &Context, args: &[RedisString]) -> Result<RedisValue, Refu
     };
     let floor = read_u64(ctx, keys::FLOOR_KEY)?.unwrap_or(0);
     let state = read_string(ctx, &key)?;
-    let request = AcquireRequest {
+    let mut request = AcquireRequest {
         lock: lock.to_string(),
         lease_id: lease_id.to_string(),
         authority,
@@ -697,9 +760,18 @@ fn fence_acquire(ctx: &Context, args: &[RedisString]) -> Result<RedisValue, Refu
         ttl,
     };
     let signing = grant_key(ctx)?;
-    match with_guest(|g| g.acquire(state.as_deref(), &request))?
-        .map_err(|e| rules::lease_error(&e))?
+    let mut decided = with_guest(|g| g.acquire(state.as_deref(), &request))?;
+    // A lock's state pins the authority it was first granted under. In a
+    // cluster a reshard moves the state (MIGRATE) to a master with another
+    // lineage: the lock goes on in its own authority (its epochs and
+    // counters came with it), instead of refusing every later acquire.
+    if let Err(LeaseError::ForeignAuthority { stored, .. }) = decided
+        && ctx.get_flags().contains(ContextFlags::CLUSTER)
     {
+        request.authority = stored;
+        decided = with_guest(|g| g.acquire(state.as_deref(), &request))?;
+    }
+    match decided.map_err(|e| rules::lease_error(&e))? {
         fencecheck::Acquire::Acquired {
             token,
             expires_at,
@@ -721,7 +793,7 @@ fn fence_acquire(ctx: &Context, args: &[RedisString]) -> Result<RedisValue, Refu
                 store(
                     ctx,
                     keys::LINEAGE_KEY.as_bytes(),
-                    authority.to_string().as_bytes(),
+                    request.authority.to_string().as_bytes(),
                 )?;
             }
             if state.as_deref() != Some(new_state.as_slice()) {
@@ -765,6 +837,7 @@ fn fence_renew(ctx: &Context, args: &[RedisString]) -> Result<RedisValue, Refusa
     arity(args, 5)?;
     let a = bytes(args);
     let key = lock_key(a[1])?;
+    settled(ctx, &key, &[])?;
     let request = RenewRequest {
         lease_id: rules::text("lease-id", a[2])?.to_string(),
         token: lease_token(a[3])?,
@@ -804,6 +877,7 @@ fn fence_release(ctx: &Context, args: &[RedisString]) -> Result<RedisValue, Refu
         return Err(Refusal::syntax("usage: FENCE.RELEASE lock lease-id token"));
     }
     let key = lock_key(a[1])?;
+    settled(ctx, &key, &[])?;
     let request = ReleaseRequest {
         lease_id: rules::text("lease-id", a[2])?.to_string(),
         token: lease_token(a[3])?,
