@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# FENCE.SET vs SET across a Redis 7.0 cluster on loopback (3 masters + 3
+# replicas, every node loading the module), driven from one client
+# machine by `redis-benchmark --cluster`. Keys carry a `{tag}`, so both
+# commands route alike and the load spreads over the three shards.
+#
+#   cargo build --release -p fencecheck-redis
+#   bash benches/redis-cluster/run.sh [ROUNDS]      # BASE=31000: ports BASE..BASE+5, buses BASE+100..
+#
+# Prints each round's requests/s per command (interleaved), then each
+# master's FENCE.METRICS (how many FENCE.SETs applied, how many were stale:
+# the tokens are random, so some are refused, which flatters FENCE.SET).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+rounds=${1:-3}
+base=${BASE:-31000}
+module=$PWD/target/release/libfencecheck_redis.so
+[ -f "$module" ] || { echo "build it first: cargo build --release -p fencecheck-redis" >&2; exit 1; }
+for i in 0 1 2 3 4 5; do
+    for p in $((base + i)) $((base + 100 + i)); do
+        if (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
+            echo "port $p is busy: set BASE" >&2
+            exit 1
+        fi
+    done
+done
+work=$(mktemp -d)
+pids=()
+cleanup() { kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$work"; }
+trap cleanup EXIT
+nodes=()
+for i in 0 1 2 3 4 5; do
+    p=$((base + i))
+    mkdir -p "$work/$p"
+    redis-server --port "$p" --bind 127.0.0.1 --dir "$work/$p" --cluster-enabled yes \
+        --cluster-config-file nodes.conf --cluster-port $((base + 100 + i)) --save "" \
+        --appendonly no --logfile "$work/$p/log" --loadmodule "$module" &
+    pids+=($!)
+    nodes+=("127.0.0.1:$p")
+done
+for p in "${nodes[@]}"; do
+    until redis-cli -p "${p#*:}" ping >/dev/null 2>&1; do sleep 0.1; done
+done
+redis-cli --cluster create "${nodes[@]}" --cluster-replicas 1 --cluster-yes >/dev/null
+until redis-cli -p "$base" cluster info | grep -q cluster_state:ok; do sleep 0.2; done
+echo "load: $(uptime)"
+bench() { redis-benchmark -p "$base" --cluster -q -n 200000 -c 50 -r 100000 "$@" | tr '\r' '\n' | grep -E 'requests per second' | tail -n 1; }
+for r in $(seq "$rounds"); do
+    echo "round $r SET:       $(bench SET 'key:{tag}:__rand_int__' v)"
+    echo "round $r FENCE.SET: $(bench FENCE.SET 'key:{tag}:__rand_int__' '0.__rand_int__' v)"
+done
+for i in 0 1 2 3 4 5; do
+    redis-cli -p $((base + i)) role | head -n 1 | grep -q master || continue
+    echo "FENCE.METRICS on :$((base + i)):"
+    redis-cli -p $((base + i)) fence.metrics | grep -v '^#' | grep -E 'put' || true
+done
