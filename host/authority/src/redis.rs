@@ -4,7 +4,13 @@
 //! component's lease rules on the server's main thread, so the token is
 //! minted atomically with the acquire and is the one `FENCE.SET` checks.
 //! The server's clock is the lease clock. Spoken over plain RESP2 on TCP.
+//!
+//! In a Redis Cluster or Valkey cluster ([`RedisCoordinator::connect_cluster`])
+//! each lock's command goes to the master serving the lock's slot (the
+//! module keeps a lock's state in the lock's own slot), following MOVED, ASK
+//! and TRYAGAIN a bounded number of times.
 
+use std::collections::{BTreeMap, HashMap};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::sync::{Mutex, PoisonError};
@@ -107,7 +113,8 @@ impl Conn {
             },
             b'*' => match usize::try_from(number(&rest)?) {
                 Err(_) => Reply::Bulk(None),
-                Ok(n) if n > 64 => return Err(redis_err("reply too large")),
+                // CLUSTER SLOTS has one entry per slot range.
+                Ok(n) if n > 16_384 => return Err(redis_err("reply too large")),
                 Ok(n) => {
                     let mut items = Vec::with_capacity(n);
                     for _ in 0..n {
@@ -160,13 +167,249 @@ fn parse_url(url: &str) -> Result<Target, AuthorityError> {
 }
 
 /// A coordinator whose store is a Redis or Valkey server loading the
-/// fencecheck module. One connection, used by one call at a time; a broken
-/// connection is reopened at the next call (the call that broke is an
-/// error: its outcome is unknown).
+/// fencecheck module, or a cluster of them. One connection per node, used
+/// by one call at a time; a broken connection is reopened at the next call
+/// (the call that broke is an error: its outcome is unknown).
 pub struct RedisCoordinator {
     target: Target,
     authority: u64,
     conn: Mutex<Option<Conn>>,
+    cluster: Option<Mutex<Routes>>,
+    /// Cluster only: the authority each lock was granted under, by this
+    /// coordinator. Every master mints its own lineage and a lock keeps
+    /// the one of its first grant, so a lock whose authority changes lost
+    /// its state (a shard wiped or failed over without FENCE.RESTORE).
+    pinned: Mutex<HashMap<String, u64>>,
+}
+
+/// Redirections (MOVED, ASK, an unreachable node) one command may follow.
+const REDIRECTS: u32 = 16;
+/// TRYAGAIN and CLUSTERDOWN answers one command may retry, each after
+/// [`RETRY_PAUSE`]: a slot whose keys are being moved, an election.
+const RETRIES: u32 = 200;
+const RETRY_PAUSE: Duration = Duration::from_millis(10);
+
+/// The cluster slot of a key name: CRC16/XMODEM of its hash tag (or of the
+/// whole name), mod 16384. The module derives a lock's state key in the
+/// lock's own slot (host/redis/src/keys.rs), so a lock routes by its name.
+fn slot(name: &[u8]) -> u16 {
+    let tag = name.iter().position(|&b| b == b'{').and_then(|open| {
+        let rest = &name[open + 1..];
+        let close = rest.iter().position(|&b| b == b'}')?;
+        Some(&rest[..close]).filter(|t| !t.is_empty())
+    });
+    let mut crc: u16 = 0;
+    for &b in tag.unwrap_or(name) {
+        crc ^= u16::from(b) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc % 16_384
+}
+
+/// A cluster's slot map and one connection per node.
+struct Routes {
+    seeds: Vec<String>,
+    auth: Option<(String, String)>,
+    /// First slot of a range -> (last slot, master address).
+    slots: BTreeMap<u16, (u16, String)>,
+    conns: HashMap<String, Conn>,
+}
+
+impl Routes {
+    fn conn(&mut self, address: &str) -> Result<&mut Conn, AuthorityError> {
+        if !self.conns.contains_key(address) {
+            let auth = self.auth.as_ref().map(|(u, p)| (u.as_str(), p.as_str()));
+            let conn = Conn::open(address, auth)?;
+            self.conns.insert(address.to_string(), conn);
+        }
+        self.conns
+            .get_mut(address)
+            .ok_or_else(|| redis_err("connection vanished"))
+    }
+
+    /// One command on one node; a connection that broke is dropped.
+    fn call_on(&mut self, address: &str, args: &[&str]) -> Result<Reply, AuthorityError> {
+        let result = self.conn(address)?.call(args);
+        if result.is_err() {
+            self.conns.remove(address);
+        }
+        result
+    }
+
+    /// Reload the slot map from the first seed or known node that answers
+    /// CLUSTER SLOTS.
+    fn refresh(&mut self) -> Result<(), AuthorityError> {
+        let mut known: Vec<String> = self.seeds.clone();
+        for (_, address) in self.slots.values() {
+            if !known.contains(address) {
+                known.push(address.clone());
+            }
+        }
+        let mut last = String::from("no seed");
+        for address in known {
+            match self.call_on(&address, &["CLUSTER", "SLOTS"]) {
+                Ok(Reply::Array(ranges)) => match parse_slots(&ranges, &address) {
+                    Ok(slots) if !slots.is_empty() => {
+                        self.slots = slots;
+                        return Ok(());
+                    }
+                    Ok(_) => last = format!("{address}: no slot is served"),
+                    Err(e) => last = format!("{address}: {e}"),
+                },
+                Ok(Reply::Error(e)) => last = format!("{address}: {e}"),
+                Ok(other) => last = format!("{address}: CLUSTER SLOTS answered {other:?}"),
+                Err(e) => last = format!("{address}: {e}"),
+            }
+        }
+        Err(redis_err(format!(
+            "no cluster node answered CLUSTER SLOTS (last: {last})"
+        )))
+    }
+
+    fn master_of(&self, slot: u16) -> Option<String> {
+        self.slots
+            .range(..=slot)
+            .next_back()
+            .filter(|(_, (last, _))| slot <= *last)
+            .map(|(_, (_, address))| address.clone())
+    }
+
+    /// Every master's address, once each.
+    fn masters(&self) -> Vec<String> {
+        let mut masters: Vec<String> = self.slots.values().map(|(_, a)| a.clone()).collect();
+        masters.sort();
+        masters.dedup();
+        masters
+    }
+
+    /// `args` on the master of `slot`, following MOVED (the map reloaded)
+    /// and ASK (ASKING first), retrying TRYAGAIN and CLUSTERDOWN, all
+    /// bounded; each of these answers means the command was not run. Any
+    /// other answer, refusals included, is returned.
+    fn call(&mut self, slot: u16, args: &[&str]) -> Result<Reply, AuthorityError> {
+        let what = args.first().copied().unwrap_or_default();
+        let (mut redirects, mut retries) = (0, 0);
+        let mut next: Option<(String, bool)> = None;
+        loop {
+            let (address, asking) = match next.take() {
+                Some(n) => n,
+                None => match self.master_of(slot) {
+                    Some(a) => (a, false),
+                    None => {
+                        return Err(redis_err(format!(
+                            "{what}: no master serves slot {slot} (cluster down?)"
+                        )));
+                    }
+                },
+            };
+            if let Err(e) = self.conn(&address) {
+                // Nothing was sent: the node may have failed over.
+                redirects += 1;
+                if redirects > REDIRECTS {
+                    return Err(e);
+                }
+                std::thread::sleep(RETRY_PAUSE);
+                self.refresh()?;
+                continue;
+            }
+            if asking {
+                match self.call_on(&address, &["ASKING"])? {
+                    Reply::Status(_) => {}
+                    other => return Err(redis_err(format!("ASKING answered {other:?}"))),
+                }
+            }
+            let reply = self.call_on(&address, args)?;
+            let Reply::Error(line) = &reply else {
+                return Ok(reply);
+            };
+            let mut words = line.split(' ');
+            match words.next().unwrap_or_default() {
+                code @ ("MOVED" | "ASK") => {
+                    redirects += 1;
+                    if redirects > REDIRECTS {
+                        return Err(redis_err(format!(
+                            "{what} on slot {slot}: still redirected after {REDIRECTS} \
+                             redirections (last: {line})"
+                        )));
+                    }
+                    let to = words
+                        .nth(1)
+                        .map(|to| endpoint(to, &address))
+                        .ok_or_else(|| redis_err(format!("bad redirection {line:?}")))?;
+                    if code == "MOVED" {
+                        self.refresh()?;
+                    }
+                    next = Some((to, code == "ASK"));
+                }
+                "TRYAGAIN" | "CLUSTERDOWN" => {
+                    retries += 1;
+                    if retries > RETRIES {
+                        return Err(redis_err(format!(
+                            "{what} on slot {slot}: no answer after {RETRIES} retries \
+                             (last: {line})"
+                        )));
+                    }
+                    std::thread::sleep(RETRY_PAUSE);
+                    if line.starts_with("CLUSTERDOWN") {
+                        self.refresh()?;
+                    }
+                }
+                _ => return Ok(reply),
+            }
+        }
+    }
+}
+
+/// `host:port` of a redirection or a CLUSTER SLOTS entry; an empty host
+/// (a node that does not know its address) is the host we asked.
+fn endpoint(to: &str, asked: &str) -> String {
+    match to.strip_prefix(':') {
+        Some(port) => {
+            let host = asked.rsplit_once(':').map_or(asked, |(h, _)| h);
+            format!("{host}:{port}")
+        }
+        None => to.to_string(),
+    }
+}
+
+/// CLUSTER SLOTS: `[first, last, [ip, port, id, …], replicas…]` per range.
+fn parse_slots(
+    ranges: &[Reply],
+    asked: &str,
+) -> Result<BTreeMap<u16, (u16, String)>, AuthorityError> {
+    let mut slots = BTreeMap::new();
+    for range in ranges {
+        let Reply::Array(items) = range else {
+            return Err(redis_err("a CLUSTER SLOTS entry is not an array"));
+        };
+        let (first, last, master) = match items.as_slice() {
+            [Reply::Int(a), Reply::Int(b), Reply::Array(master), ..] => (a, b, master),
+            _ => return Err(redis_err("a CLUSTER SLOTS entry has no master")),
+        };
+        let ip = master.first().and_then(Reply::text).unwrap_or_default();
+        let port = match master.get(1) {
+            Some(Reply::Int(p)) => u16::try_from(*p).map_err(redis_err)?,
+            _ => return Err(redis_err("a CLUSTER SLOTS master has no port")),
+        };
+        let address = if ip.contains(':') {
+            format!("[{ip}]:{port}")
+        } else {
+            endpoint(&format!("{ip}:{port}"), asked)
+        };
+        let first = u16::try_from(*first).map_err(redis_err)?;
+        let last = u16::try_from(*last).map_err(redis_err)?;
+        if first > last || last >= 16_384 {
+            return Err(redis_err("a CLUSTER SLOTS range is out of bounds"));
+        }
+        slots.insert(first, (last, address));
+    }
+    Ok(slots)
 }
 
 const LINEAGE_KEY: &str = "fencecheck:lineage";
@@ -178,30 +421,76 @@ impl RedisCoordinator {
     pub fn connect(url: &str) -> Result<RedisCoordinator, AuthorityError> {
         let target = parse_url(url)?;
         let mut conn = Self::open(&target)?;
-        match conn.call(&["COMMAND", "INFO", "fence.acquire"])? {
-            Reply::Array(items) if matches!(items.first(), Some(Reply::Array(_))) => {}
-            _ => {
-                return Err(redis_err(
-                    "the server does not load the fencecheck module (FENCE.ACQUIRE is unknown)",
-                ));
-            }
-        }
+        check_module(conn.call(&["COMMAND", "INFO", "fence.acquire"])?)?;
         let fresh = crate::sqlite::fresh_authority().to_string();
         if let Reply::Error(e) = conn.call(&["SET", LINEAGE_KEY, &fresh, "NX"])? {
-            return Err(redis_err(e));
+            return Err(not_cluster(&e));
         }
-        let authority = match conn.call(&["GET", LINEAGE_KEY])? {
-            Reply::Bulk(Some(b)) => std::str::from_utf8(&b)
-                .ok()
-                .filter(|s| !s.starts_with('0') || *s == "0")
-                .and_then(|s| s.parse::<u64>().ok())
-                .ok_or_else(|| redis_err(format!("{LINEAGE_KEY} is not a canonical u64")))?,
-            other => return Err(redis_err(format!("reading {LINEAGE_KEY}: {other:?}"))),
-        };
+        let authority = lineage(conn.call(&["GET", LINEAGE_KEY])?)?;
         Ok(RedisCoordinator {
             target,
             authority,
             conn: Mutex::new(Some(conn)),
+            cluster: None,
+            pinned: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Connect to a Redis Cluster or Valkey cluster through `seeds` (any
+    /// of its nodes, masters or replicas, as `redis://…` URLs sharing one
+    /// user and password): read the slot map from the first seed that
+    /// answers, check that every master loads the module, and read the
+    /// lineage on the master of `fencecheck:lineage`'s slot ([`authority`]).
+    ///
+    /// Every master mints its own lineage, so a grant carries the lineage
+    /// of the master that first granted its lock; a lock keeps it when its
+    /// slot moves. [`restore`] raises every master's epoch floor.
+    ///
+    /// [`authority`]: Coordinator::authority
+    /// [`restore`]: Coordinator::restore
+    pub fn connect_cluster<S: AsRef<str>>(seeds: &[S]) -> Result<RedisCoordinator, AuthorityError> {
+        let targets = seeds
+            .iter()
+            .map(|s| parse_url(s.as_ref()))
+            .collect::<Result<Vec<_>, _>>()?;
+        let target = targets
+            .first()
+            .ok_or_else(|| redis_err("no seed node given"))?;
+        if targets
+            .iter()
+            .any(|t| (&t.user, &t.password) != (&target.user, &target.password))
+        {
+            return Err(redis_err(
+                "the seed URLs name different users or passwords; a cluster's nodes share one",
+            ));
+        }
+        let mut routes = Routes {
+            seeds: targets.iter().map(|t| t.address.clone()).collect(),
+            auth: target.password.clone().map(|p| (target.user.clone(), p)),
+            slots: BTreeMap::new(),
+            conns: HashMap::new(),
+        };
+        routes.refresh()?;
+        for master in routes.masters() {
+            check_module(routes.call_on(&master, &["COMMAND", "INFO", "fence.acquire"])?)
+                .map_err(|e| redis_err(format!("master {master}: {e}")))?;
+        }
+        let at = slot(LINEAGE_KEY.as_bytes());
+        let fresh = crate::sqlite::fresh_authority().to_string();
+        if let Reply::Error(e) = routes.call(at, &["SET", LINEAGE_KEY, &fresh, "NX"])? {
+            return Err(redis_err(e));
+        }
+        let authority = lineage(routes.call(at, &["GET", LINEAGE_KEY])?)?;
+        Ok(RedisCoordinator {
+            target: Target {
+                address: target.address.clone(),
+                user: target.user.clone(),
+                password: target.password.clone(),
+            },
+            authority,
+            conn: Mutex::new(None),
+            cluster: Some(Mutex::new(routes)),
+            pinned: Mutex::new(HashMap::new()),
         })
     }
 
@@ -213,8 +502,13 @@ impl RedisCoordinator {
         Conn::open(&target.address, auth)
     }
 
-    /// One command; the connection is dropped when it broke mid-call.
-    fn call(&self, args: &[&str]) -> Result<Reply, AuthorityError> {
+    /// One command about `lock` (routed by its slot in a cluster); the
+    /// connection is dropped when it broke mid-call.
+    fn call(&self, lock: &str, args: &[&str]) -> Result<Reply, AuthorityError> {
+        if let Some(routes) = &self.cluster {
+            let mut routes = routes.lock().unwrap_or_else(PoisonError::into_inner);
+            return routes.call(slot(lock.as_bytes()), args);
+        }
         let mut slot = self.conn.lock().unwrap_or_else(PoisonError::into_inner);
         let conn = match slot.as_mut() {
             Some(conn) => conn,
@@ -229,7 +523,7 @@ impl RedisCoordinator {
         }
     }
 
-    fn token(&self, text: &str) -> Result<Token, AuthorityError> {
+    fn token(&self, lock: &str, text: &str) -> Result<Token, AuthorityError> {
         // A signed grant's text carries its signature after the token; the
         // coordinator reports the token (SigningCoordinator signs on its own).
         let plain = text.split('~').next().unwrap_or_default();
@@ -237,6 +531,18 @@ impl RedisCoordinator {
             .parse::<TokenText>()
             .map_err(|e| redis_err(format!("the module answered a bad token: {e}")))?
             .0;
+        if self.cluster.is_some() {
+            let mut pinned = self.pinned.lock().unwrap_or_else(PoisonError::into_inner);
+            let first = *pinned.entry(lock.to_string()).or_insert(token.authority);
+            if first != token.authority {
+                return Err(redis_err(format!(
+                    "lock {lock:?} changed lineage: granted under {}, earlier under {first} \
+                     (its shard lost the lock's state; run FENCE.RESTORE on its master)",
+                    token.authority
+                )));
+            }
+            return Ok(token);
+        }
         if token.authority != self.authority {
             return Err(redis_err(format!(
                 "the server's lineage changed: granted under {}, connected under {}",
@@ -244,6 +550,39 @@ impl RedisCoordinator {
             )));
         }
         Ok(token)
+    }
+}
+
+fn check_module(reply: Reply) -> Result<(), AuthorityError> {
+    match reply {
+        Reply::Array(items) if matches!(items.first(), Some(Reply::Array(_))) => Ok(()),
+        _ => Err(redis_err(
+            "the server does not load the fencecheck module (FENCE.ACQUIRE is unknown)",
+        )),
+    }
+}
+
+fn lineage(reply: Reply) -> Result<u64, AuthorityError> {
+    match reply {
+        Reply::Bulk(Some(b)) => std::str::from_utf8(&b)
+            .ok()
+            .filter(|s| !s.starts_with('0') || *s == "0")
+            .and_then(|s| s.parse::<u64>().ok())
+            .ok_or_else(|| redis_err(format!("{LINEAGE_KEY} is not a canonical u64"))),
+        other => Err(redis_err(format!("reading {LINEAGE_KEY}: {other:?}"))),
+    }
+}
+
+/// A single server's error line; a cluster node's redirection says how to
+/// reach a cluster instead.
+fn not_cluster(line: &str) -> AuthorityError {
+    if line.starts_with("MOVED ") || line.starts_with("CLUSTERDOWN") || line.starts_with("ASK ") {
+        redis_err(format!(
+            "{line}: the server is a cluster node; connect to the cluster \
+             (two or more seed URLs: --redis URL --redis URL)"
+        ))
+    } else {
+        redis_err(line)
     }
 }
 
@@ -300,7 +639,7 @@ fn refusal(line: &str) -> AuthorityError {
     };
     match error {
         Some(error) => AuthorityError::Refused { error },
-        None => redis_err(line),
+        None => not_cluster(line),
     }
 }
 
@@ -322,7 +661,10 @@ impl Coordinator for RedisCoordinator {
         lease_id: &str,
         ttl_ms: u64,
     ) -> Result<AcquireOutcome, AuthorityError> {
-        let reply = self.call(&["FENCE.ACQUIRE", lock, lease_id, &ttl_ms.to_string()])?;
+        let reply = self.call(
+            lock,
+            &["FENCE.ACQUIRE", lock, lease_id, &ttl_ms.to_string()],
+        )?;
         match &reply {
             Reply::Array(items) => match (
                 items.first().and_then(Reply::text).as_deref(),
@@ -333,7 +675,7 @@ impl Coordinator for RedisCoordinator {
                     Ok(AcquireOutcome::Acquired(Grant {
                         lock: lock.to_string(),
                         lease_id: lease_id.to_string(),
-                        token: self.token(&text)?,
+                        token: self.token(lock, &text)?,
                         expires_at: int(expires)?,
                         decided_at: int(decided)?,
                         signature: None,
@@ -357,7 +699,10 @@ impl Coordinator for RedisCoordinator {
         ttl_ms: u64,
     ) -> Result<RenewOutcome, AuthorityError> {
         let text = TokenText(token).to_string();
-        let reply = self.call(&["FENCE.RENEW", lock, lease_id, &text, &ttl_ms.to_string()])?;
+        let reply = self.call(
+            lock,
+            &["FENCE.RENEW", lock, lease_id, &text, &ttl_ms.to_string()],
+        )?;
         match &reply {
             Reply::Array(items) => match (
                 items.first().and_then(Reply::text).as_deref(),
@@ -380,7 +725,7 @@ impl Coordinator for RedisCoordinator {
         token: Token,
     ) -> Result<ReleaseOutcome, AuthorityError> {
         let text = TokenText(token).to_string();
-        let reply = self.call(&["FENCE.RELEASE", lock, lease_id, &text])?;
+        let reply = self.call(lock, &["FENCE.RELEASE", lock, lease_id, &text])?;
         match &reply {
             Reply::Array(items) => match items.first().and_then(Reply::text).as_deref() {
                 Some("released") => Ok(ReleaseOutcome::Released),
@@ -391,18 +736,35 @@ impl Coordinator for RedisCoordinator {
         }
     }
 
+    /// In a cluster: on every master (each keeps its own floor); the
+    /// highest floor. A master that fails leaves the others raised: an
+    /// error, to be retried.
     fn restore(&self, at_least: u64) -> Result<u64, AuthorityError> {
-        let reply = self.call(&["FENCE.RESTORE", &at_least.to_string()])?;
-        match &reply {
-            Reply::Array(items) => match (
-                items.first().and_then(Reply::text).as_deref(),
-                items.as_slice(),
-            ) {
-                (Some("restored"), [_, floor]) => int(floor),
-                _ => Err(unexpected(&reply)),
-            },
-            _ => Err(unexpected(&reply)),
+        let Some(routes) = &self.cluster else {
+            return restored(&self.call("", &["FENCE.RESTORE", &at_least.to_string()])?);
+        };
+        let mut routes = routes.lock().unwrap_or_else(PoisonError::into_inner);
+        routes.refresh()?;
+        let mut highest = 0;
+        for master in routes.masters() {
+            let reply = routes.call_on(&master, &["FENCE.RESTORE", &at_least.to_string()])?;
+            highest = highest
+                .max(restored(&reply).map_err(|e| redis_err(format!("master {master}: {e}")))?);
         }
+        Ok(highest)
+    }
+}
+
+fn restored(reply: &Reply) -> Result<u64, AuthorityError> {
+    match reply {
+        Reply::Array(items) => match (
+            items.first().and_then(Reply::text).as_deref(),
+            items.as_slice(),
+        ) {
+            (Some("restored"), [_, floor]) => int(floor),
+            _ => Err(unexpected(reply)),
+        },
+        _ => Err(unexpected(reply)),
     }
 }
 
@@ -425,6 +787,20 @@ mod tests {
         );
         assert!(parse_url("http://h:1").is_err());
         assert!(parse_url("redis://h:1/2").is_err());
+    }
+
+    /// Slots as Redis computes them (its documented reference values), so a
+    /// lock routes to the master holding its state.
+    #[test]
+    fn slots_match_redis() {
+        assert_eq!(slot(b"123456789"), 0x31C3);
+        assert_eq!(slot(b"foo"), 12182);
+        assert_eq!(slot(b"{user1000}.following"), slot(b"user1000"));
+        assert_eq!(slot(b"foo{}{bar}"), slot(b"foo{}{bar}"));
+        assert_ne!(slot(b"foo{}{bar}"), slot(b"bar"));
+        assert_eq!(slot(b"foo{{bar}}zap"), slot(b"{bar"));
+        assert_eq!(slot(b"foo{bar}{zap}"), slot(b"bar"));
+        assert_eq!(endpoint(":7001", "10.0.0.1:7000"), "10.0.0.1:7001");
     }
 
     /// The module's lease error lines come back as the component's errors;

@@ -33,9 +33,11 @@ pub struct Store {
     /// Redis or Valkey server loading the fencecheck module
     /// (`redis://[[user]:password@]host:port`): the module's FENCE.ACQUIRE,
     /// FENCE.RENEW, FENCE.RELEASE and FENCE.RESTORE decide, on the server's
-    /// clock.
-    #[arg(long)]
-    redis: Option<String>,
+    /// clock. For a Redis Cluster or Valkey cluster, give two or more of its
+    /// nodes (repeat the flag or separate URLs with commas): each lock's
+    /// command goes to the master of the lock's slot.
+    #[arg(long, value_name = "URL", value_delimiter = ',')]
+    redis: Vec<String>,
 }
 
 /// The environment variable that may hold the etcd password (never a flag:
@@ -221,10 +223,19 @@ const BUSY: u8 = 3;
 
 fn open(runtime: &Runtime, store: &Store, etcd: &EtcdFlags) -> Result<Box<dyn Coordinator>> {
     let clock = Arc::new(SystemClock);
-    if let Some(url) = &store.redis {
-        return Ok(Box::new(
-            RedisCoordinator::connect(url).context("connecting to the Redis coordinator")?,
-        ));
+    match store.redis.as_slice() {
+        [] => {}
+        [url] => {
+            return Ok(Box::new(
+                RedisCoordinator::connect(url).context("connecting to the Redis coordinator")?,
+            ));
+        }
+        seeds => {
+            return Ok(Box::new(
+                RedisCoordinator::connect_cluster(seeds)
+                    .context("connecting to the Redis Cluster coordinator")?,
+            ));
+        }
     }
     match (&store.db, &store.postgres, &store.etcd) {
         (Some(db), _, _) => Ok(Box::new(

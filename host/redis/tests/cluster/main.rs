@@ -12,4 +12,5 @@ mod common;
 mod commands;
 mod failover;
 mod migration;
+mod redis_py;
 mod reshard;

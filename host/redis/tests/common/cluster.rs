@@ -49,10 +49,8 @@ impl Cluster {
         for n in &cluster.nodes {
             cli.arg(format!("127.0.0.1:{}", n.port));
         }
-        let out = cli
-            .args(["--cluster-replicas", "1", "--cluster-yes"])
-            .output()
-            .context("redis-cli --cluster create")?;
+        cli.args(["--cluster-replicas", "1", "--cluster-yes"]);
+        let out = cluster.create(cli)?;
         ensure!(
             out.status.success(),
             "cluster create failed: {}{}",
@@ -61,6 +59,69 @@ impl Cluster {
         );
         cluster.wait_ok()?;
         Ok(cluster)
+    }
+
+    /// Run `--cluster create`, re-sending CLUSTER MEET while it waits for
+    /// the nodes to join: on a starved machine a node can drop the
+    /// handshake of the one MEET redis-cli sends (it times out after
+    /// cluster-node-timeout) and then knows nobody, so nobody can introduce
+    /// the others to it and redis-cli waits forever. Bounded by [`AGREE`].
+    fn create(&self, mut cli: Command) -> Result<std::process::Output> {
+        use std::process::Stdio;
+        let mut child = cli
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("redis-cli --cluster create")?;
+        let start = Instant::now();
+        let mut nudged = start;
+        while child.try_wait()?.is_none() {
+            if start.elapsed() > AGREE {
+                let _ = child.kill();
+                let out = child.wait_with_output()?;
+                bail!(
+                    "cluster create did not finish in {AGREE:?}: {}",
+                    String::from_utf8_lossy(&out.stdout)
+                );
+            }
+            if nudged.elapsed() > Duration::from_secs(3) {
+                nudged = Instant::now();
+                let _ = self.meet_all();
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(child.wait_with_output()?)
+    }
+
+    /// Once redis-cli has begun introducing the nodes (one knows another),
+    /// every node meets the first again (idempotent).
+    fn meet_all(&self) -> Result<()> {
+        let first = self.nodes.first().context("no node")?;
+        let begun = self
+            .nodes
+            .iter()
+            .any(|n| Cluster::view(n.port).is_ok_and(|v| v.len() > 1));
+        if !begun {
+            return Ok(());
+        }
+        let bus = first
+            .conn()?
+            .ok(&["CONFIG", "GET", "cluster-port"])?
+            .items()
+            .get(1)
+            .and_then(Value::text)
+            .context("cluster-port")?;
+        for n in &self.nodes[1..] {
+            n.conn()?.ok(&[
+                "CLUSTER",
+                "MEET",
+                "127.0.0.1",
+                &first.port.to_string(),
+                &bus,
+            ])?;
+        }
+        Ok(())
     }
 
     /// The node serving on `port`.
