@@ -9,6 +9,9 @@ CREATE FUNCTION IF NOT EXISTS fence_check RETURNS STRING SONAME 'libfencecheck_m
 CREATE FUNCTION IF NOT EXISTS fence_next RETURNS STRING SONAME 'libfencecheck_mariadb.so';
 CREATE FUNCTION IF NOT EXISTS fence_inspect RETURNS STRING SONAME 'libfencecheck_mariadb.so';
 CREATE FUNCTION IF NOT EXISTS fence_version RETURNS STRING SONAME 'libfencecheck_mariadb.so';
+CREATE FUNCTION IF NOT EXISTS fence_lease_acquire RETURNS STRING SONAME 'libfencecheck_mariadb.so';
+CREATE FUNCTION IF NOT EXISTS fence_lease_renew RETURNS STRING SONAME 'libfencecheck_mariadb.so';
+CREATE FUNCTION IF NOT EXISTS fence_lease_release RETURNS STRING SONAME 'libfencecheck_mariadb.so';
 
 CREATE DATABASE IF NOT EXISTS fencecheck;
 
@@ -30,6 +33,28 @@ CREATE TABLE IF NOT EXISTS fencecheck.protected (
     token_col VARCHAR(64) NOT NULL,
     state_col VARCHAR(64) NOT NULL,
     PRIMARY KEY (db, tbl)
+) ENGINE=InnoDB;
+
+-- The lease coordinator (fencecheck.acquire/renew/release): the grant
+-- authority's one row, as the SQLite and PostgreSQL coordinators keep it
+-- (a random non-zero lineage made once, the epoch floor), and each lock's
+-- lease state, the component's bytes.
+CREATE TABLE IF NOT EXISTS fencecheck.authority (
+    id          TINYINT UNSIGNED NOT NULL PRIMARY KEY CHECK (id = 1),
+    authority   BIGINT UNSIGNED NOT NULL CHECK (authority <> 0),
+    epoch_floor BIGINT UNSIGNED NOT NULL DEFAULT 0
+) ENGINE=InnoDB;
+
+-- A user variable, so statement-based replication carries the value.
+SET @fencecheck_lineage = GREATEST(1, CAST(CONV(HEX(RANDOM_BYTES(8)), 16, 10) AS UNSIGNED));
+INSERT IGNORE INTO fencecheck.authority (id, authority, epoch_floor)
+VALUES (1, @fencecheck_lineage, 0);
+SET @fencecheck_lineage = NULL;
+
+CREATE TABLE IF NOT EXISTS fencecheck.leases (
+    name  VARBINARY(1024) NOT NULL PRIMARY KEY,
+    -- NULL only inside the transaction that first locks a new name.
+    state BLOB NULL
 ) ENGINE=InnoDB;
 
 DELIMITER $$
@@ -57,6 +82,10 @@ BEGIN
         WHEN 'unauthenticated' THEN SIGNAL SQLSTATE '5F014' SET MESSAGE_TEXT = m;
         WHEN 'invalid-keys' THEN SIGNAL SQLSTATE '5F015' SET MESSAGE_TEXT = m;
         WHEN 'unsound-fence' THEN SIGNAL SQLSTATE '5F016' SET MESSAGE_TEXT = m;
+        WHEN 'lost' THEN SIGNAL SQLSTATE '5F017' SET MESSAGE_TEXT = m;
+        WHEN 'not-owner' THEN SIGNAL SQLSTATE '5F018' SET MESSAGE_TEXT = m;
+        WHEN 'lock-mismatch' THEN SIGNAL SQLSTATE '5F019' SET MESSAGE_TEXT = m;
+        WHEN 'in-transaction' THEN SIGNAL SQLSTATE '5F020' SET MESSAGE_TEXT = m;
         ELSE SIGNAL SQLSTATE '5F900' SET MESSAGE_TEXT = m;
     END CASE;
 END$$
@@ -204,6 +233,201 @@ BEGIN
     EXECUTE fencecheck_stmt;
     DEALLOCATE PREPARE fencecheck_stmt;
     SET @fencecheck_ddl = NULL;
+END$$
+
+-- The lease coordinator: fencecheck.acquire(lock, lease_id, ttl_ms),
+-- renew(lock, lease_id, token, ttl_ms), release(lock, lease_id, token),
+-- the arguments and answers of FENCE.ACQUIRE/RENEW/RELEASE. Each is one
+-- transaction of its own, committed before the answer is returned (a token
+-- is never seen before its grant is durable): the lock's row FOR UPDATE
+-- (inserted first if new, so two first acquires queue on it instead of
+-- deadlocking), the authority row LOCK IN SHARE MODE, the component's
+-- decision with the clock read inside it, the write. Called inside an
+-- open transaction they refuse (5F020) and change nothing. Arguments are
+-- LONGBLOB so nothing is truncated or coerced before the component and
+-- the plugin judge it, whatever the sql_mode. SQL SECURITY DEFINER:
+-- callers need EXECUTE on the procedures only, never write access to the
+-- tables. @fencecheck_now_ms is the test clock (refused unless the server
+-- runs with FENCECHECK_MARIADB_TEST_CLOCK=1).
+
+-- Refuse a call inside the caller's open transaction (its own COMMIT
+-- would commit the caller's work) and a lock name the table cannot hold.
+CREATE OR REPLACE PROCEDURE fencecheck.lease_guard(lock_arg LONGBLOB)
+    NOT DETERMINISTIC READS SQL DATA
+BEGIN
+    IF @@in_transaction THEN
+        CALL fencecheck.raise('in-transaction: the lease procedures commit their own transaction; call them outside one');
+    END IF;
+    IF lock_arg IS NULL THEN
+        CALL fencecheck.raise('invalid-argument: lock must be a string, got NULL');
+    END IF;
+    IF LENGTH(lock_arg) = 0 THEN
+        CALL fencecheck.raise('invalid-request: empty-lock');
+    END IF;
+    IF LENGTH(lock_arg) > 1024 THEN
+        CALL fencecheck.raise('invalid-request: lock-too-long');
+    END IF;
+END$$
+
+-- Read a decision's JSON: `state` is the new state when the outcome is
+-- `granted` (NULL for the other answer: busy, lost, not-owner). No answer at all, an
+-- unknown outcome or a state that is not hex fail closed: nothing is
+-- written (a server that cannot raise from a UDF returns NULL, never a
+-- state to store).
+CREATE OR REPLACE PROCEDURE fencecheck.lease_answer(answer LONGTEXT CHARACTER SET utf8mb4,
+                                                    granted VARCHAR(16), OUT state BLOB)
+    DETERMINISTIC NO SQL
+BEGIN
+    DECLARE outcome VARCHAR(16) DEFAULT JSON_VALUE(answer, '$.outcome');
+    SET state = NULL;
+    IF outcome IS NULL OR outcome NOT IN ('acquired', 'busy', 'renewed', 'lost', 'released', 'not-owner') THEN
+        CALL fencecheck.raise('runtime-error: the lease function gave no answer');
+    END IF;
+    IF outcome = granted THEN
+        SET state = UNHEX(JSON_VALUE(answer, '$.state'));
+        IF state IS NULL OR LENGTH(state) = 0 THEN
+            CALL fencecheck.raise('runtime-error: the lease function gave no state');
+        END IF;
+    END IF;
+END$$
+
+CREATE OR REPLACE PROCEDURE fencecheck.acquire(lock_arg LONGBLOB, lease_id_arg LONGBLOB, ttl_ms_arg LONGBLOB)
+    NOT DETERMINISTIC MODIFIES SQL DATA SQL SECURITY DEFINER
+BEGIN
+    DECLARE answer LONGTEXT CHARACTER SET utf8mb4;
+    CALL fencecheck.lease_guard(lock_arg);
+    BEGIN
+        DECLARE st BLOB DEFAULT NULL;
+        DECLARE nst BLOB DEFAULT NULL;
+        DECLARE auth VARCHAR(20) DEFAULT NULL;
+        DECLARE flr VARCHAR(20) DEFAULT NULL;
+        DECLARE code INT;
+        DECLARE msg TEXT;
+        DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN
+            GET DIAGNOSTICS CONDITION 1 code = MYSQL_ERRNO, msg = MESSAGE_TEXT;
+            ROLLBACK;
+            IF code = 1644 THEN CALL fencecheck.raise(msg); ELSE RESIGNAL; END IF;
+        END;
+        START TRANSACTION;
+        INSERT INTO fencecheck.leases (name, state) VALUES (lock_arg, NULL)
+            ON DUPLICATE KEY UPDATE name = name;
+        SELECT state INTO st FROM fencecheck.leases WHERE name = lock_arg FOR UPDATE;
+        SELECT CAST(authority AS CHAR), CAST(epoch_floor AS CHAR) INTO auth, flr
+          FROM fencecheck.authority WHERE id = 1 LOCK IN SHARE MODE;
+        IF auth IS NULL THEN
+            CALL fencecheck.raise('runtime-error: fencecheck.authority has no row (run fencecheck.sql)');
+        END IF;
+        SET answer = CONVERT(fence_lease_acquire(st, lock_arg, lease_id_arg, ttl_ms_arg, auth, flr,
+                                                 @fencecheck_now_ms) USING utf8mb4);
+        CALL fencecheck.lease_answer(answer, 'acquired', nst);
+        IF nst IS NOT NULL THEN
+            UPDATE fencecheck.leases SET state = nst WHERE name = lock_arg;
+        END IF;
+        COMMIT;
+    END;
+    SELECT JSON_VALUE(answer, '$.outcome') AS outcome,
+           JSON_VALUE(answer, '$.token') AS token,
+           CAST(JSON_VALUE(answer, '$.expires_at') AS UNSIGNED) AS expires_at,
+           CAST(JSON_VALUE(answer, '$.now') AS UNSIGNED) AS decided_at,
+           JSON_VALUE(answer, '$.holder') AS holder;
+END$$
+
+CREATE OR REPLACE PROCEDURE fencecheck.renew(lock_arg LONGBLOB, lease_id_arg LONGBLOB, token_arg LONGBLOB,
+                                             ttl_ms_arg LONGBLOB)
+    NOT DETERMINISTIC MODIFIES SQL DATA SQL SECURITY DEFINER
+BEGIN
+    DECLARE answer LONGTEXT CHARACTER SET utf8mb4;
+    CALL fencecheck.lease_guard(lock_arg);
+    BEGIN
+        DECLARE st BLOB DEFAULT NULL;
+        DECLARE nst BLOB DEFAULT NULL;
+        DECLARE auth VARCHAR(20) DEFAULT NULL;
+        DECLARE code INT;
+        DECLARE msg TEXT;
+        DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN
+            GET DIAGNOSTICS CONDITION 1 code = MYSQL_ERRNO, msg = MESSAGE_TEXT;
+            ROLLBACK;
+            IF code = 1644 THEN CALL fencecheck.raise(msg); ELSE RESIGNAL; END IF;
+        END;
+        START TRANSACTION;
+        SELECT state INTO st FROM fencecheck.leases WHERE name = lock_arg FOR UPDATE;
+        SELECT CAST(authority AS CHAR) INTO auth
+          FROM fencecheck.authority WHERE id = 1 LOCK IN SHARE MODE;
+        SET answer = CONVERT(fence_lease_renew(st, lease_id_arg, token_arg, ttl_ms_arg, auth,
+                                               @fencecheck_now_ms) USING utf8mb4);
+        CALL fencecheck.lease_answer(answer, 'renewed', nst);
+        IF nst IS NULL THEN
+            CALL fencecheck.raise('lost: this lease does not hold the lock (expired, released or another grant): stop, never write with its token again');
+        END IF;
+        UPDATE fencecheck.leases SET state = nst WHERE name = lock_arg;
+        COMMIT;
+    END;
+    SELECT JSON_VALUE(answer, '$.outcome') AS outcome,
+           CAST(JSON_VALUE(answer, '$.expires_at') AS UNSIGNED) AS expires_at;
+END$$
+
+CREATE OR REPLACE PROCEDURE fencecheck.release(lock_arg LONGBLOB, lease_id_arg LONGBLOB, token_arg LONGBLOB)
+    NOT DETERMINISTIC MODIFIES SQL DATA SQL SECURITY DEFINER
+BEGIN
+    DECLARE answer LONGTEXT CHARACTER SET utf8mb4;
+    CALL fencecheck.lease_guard(lock_arg);
+    BEGIN
+        DECLARE st BLOB DEFAULT NULL;
+        DECLARE nst BLOB DEFAULT NULL;
+        DECLARE auth VARCHAR(20) DEFAULT NULL;
+        DECLARE code INT;
+        DECLARE msg TEXT;
+        DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN
+            GET DIAGNOSTICS CONDITION 1 code = MYSQL_ERRNO, msg = MESSAGE_TEXT;
+            ROLLBACK;
+            IF code = 1644 THEN CALL fencecheck.raise(msg); ELSE RESIGNAL; END IF;
+        END;
+        START TRANSACTION;
+        SELECT state INTO st FROM fencecheck.leases WHERE name = lock_arg FOR UPDATE;
+        SELECT CAST(authority AS CHAR) INTO auth
+          FROM fencecheck.authority WHERE id = 1 LOCK IN SHARE MODE;
+        SET answer = CONVERT(fence_lease_release(st, lease_id_arg, token_arg, auth) USING utf8mb4);
+        CALL fencecheck.lease_answer(answer, 'released', nst);
+        IF nst IS NULL THEN
+            CALL fencecheck.raise('not-owner: this lease does not hold the lock (a later grant, or already released)');
+        END IF;
+        UPDATE fencecheck.leases SET state = nst WHERE name = lock_arg;
+        COMMIT;
+    END;
+    SELECT JSON_VALUE(answer, '$.outcome') AS outcome;
+END$$
+
+-- fencecheck.restore(at_least): after restoring this server from a backup
+-- or promoting a replica that may have missed grants, raise the epoch
+-- floor to max(floor + 1, at_least) (NULL: the server's Unix time in ms),
+-- as FENCE.RESTORE does: lock epochs come only from the floor, so every
+-- later grant of every lock is above every token issued before. The
+-- floor's row lock waits for decisions in flight (they hold it shared).
+-- SQL SECURITY INVOKER: for administrators who may update
+-- fencecheck.authority.
+CREATE OR REPLACE PROCEDURE fencecheck.restore(at_least BIGINT UNSIGNED)
+    NOT DETERMINISTIC MODIFIES SQL DATA SQL SECURITY INVOKER
+BEGIN
+    CALL fencecheck.lease_guard('restore');
+    BEGIN
+        DECLARE floor_now BIGINT UNSIGNED DEFAULT NULL;
+        DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
+        START TRANSACTION;
+        SELECT epoch_floor INTO floor_now FROM fencecheck.authority WHERE id = 1 FOR UPDATE;
+        IF floor_now IS NULL THEN
+            CALL fencecheck.raise('runtime-error: fencecheck.authority has no row (run fencecheck.sql)');
+        END IF;
+        IF floor_now = 18446744073709551615 THEN
+            CALL fencecheck.raise('exhausted: the epoch floor would overflow');
+        END IF;
+        -- SYSDATE, not NOW: a session's SET timestamp does not move it.
+        UPDATE fencecheck.authority
+           SET epoch_floor = GREATEST(floor_now + 1,
+                 COALESCE(at_least, CAST(UNIX_TIMESTAMP(SYSDATE(3)) * 1000 AS UNSIGNED)))
+         WHERE id = 1;
+        COMMIT;
+    END;
+    SELECT 'restored' AS outcome, epoch_floor FROM fencecheck.authority WHERE id = 1;
 END$$
 
 DELIMITER ;

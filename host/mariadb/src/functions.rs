@@ -7,8 +7,9 @@
 //! value in that position is decoded as a state and refused as corrupt.
 
 use fencecheck::{
-    CheckError, Checker, Decision, GrantKey, KeysText, Policy, Request, SignedCheckError,
-    SignedTokenText, TokenText,
+    Acquire, AcquireRequest, CheckError, Checker, Decision, GrantKey, KeysText, LeaseError, Policy,
+    Release, ReleaseRequest, Renew, RenewRequest, Request, SignedCheckError, SignedTokenText,
+    Token, TokenText,
 };
 
 /// One SQL argument, borrowed from MariaDB for the duration of the call.
@@ -286,6 +287,216 @@ pub fn fence_version(version: &str, args: &[Arg<'_>]) -> Result<Output, SqlError
     Ok(Output::Text(version.to_string()))
 }
 
+// ---- leases ----
+
+/// A u64 argument: a non-negative INTEGER, or its canonical decimal text
+/// (the lease procedures pass their arguments as strings, and an unsigned
+/// BIGINT above i64 max reaches a UDF as DECIMAL).
+fn number(what: &str, arg: &Arg<'_>) -> Result<u64, SqlError> {
+    let bad = |shown: &str| {
+        SqlError::new(
+            "invalid-argument",
+            format!(
+                "{what} must be a whole number from 0 to 2^64-1, got {:?}",
+                shown.chars().take(64).collect::<String>()
+            ),
+        )
+    };
+    match *arg {
+        Arg::Integer(v) => u64::try_from(v).map_err(|_| bad(&v.to_string())),
+        Arg::Decimal(text) => canonical_u64(text).ok_or_else(|| bad(text)),
+        Arg::Text(bytes) => {
+            let text = std::str::from_utf8(bytes).map_err(|_| bad("(not UTF-8)"))?;
+            canonical_u64(text).ok_or_else(|| bad(text))
+        }
+        ref other => Err(invalid(what, "a whole number", other)),
+    }
+}
+
+/// Decimal digits only: no sign, spaces, fraction or exponent.
+fn canonical_u64(text: &str) -> Option<u64> {
+    if text.is_empty() || text.len() > 20 || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    text.parse().ok()
+}
+
+/// The clock a lease decision uses: the server's, or `now_ms` when the
+/// server runs with the test clock on.
+pub struct Clock {
+    /// Whether an explicit `now_ms` is honoured (`FENCECHECK_MARIADB_TEST_CLOCK=1`).
+    pub test_clock: bool,
+    /// The server's clock, in Unix milliseconds.
+    pub system_ms: fn() -> Result<u64, SqlError>,
+}
+
+impl Clock {
+    fn now(&self, arg: &Arg<'_>) -> Result<u64, SqlError> {
+        match arg {
+            Arg::Null => (self.system_ms)(),
+            _ if !self.test_clock => Err(SqlError::new(
+                "invalid-argument",
+                "now_ms needs the server started with FENCECHECK_MARIADB_TEST_CLOCK=1 (tests only): leave @fencecheck_now_ms NULL",
+            )),
+            other => number("now_ms", other),
+        }
+    }
+}
+
+/// The lease state argument: bytes, or NULL for a lock never granted.
+fn lease_state<'a>(arg: &Arg<'a>) -> Result<Option<&'a [u8]>, SqlError> {
+    match *arg {
+        Arg::Null => Ok(None),
+        Arg::Text(bytes) => Ok(Some(bytes)),
+        ref other => Err(invalid("state", "bytes or NULL", other)),
+    }
+}
+
+/// A lease token: `AUTHORITY:EPOCH.COUNTER`, or `EPOCH.COUNTER` meaning
+/// this server's authority (as FENCE.RENEW takes it).
+fn lease_token(arg: &Arg<'_>, authority: u64) -> Result<Token, SqlError> {
+    let mut token = text("token", arg)?
+        .parse::<TokenText>()
+        .map_err(|e| SqlError::new("invalid-token", e))?
+        .0;
+    if token.authority == 0 {
+        token.authority = authority;
+    }
+    Ok(token)
+}
+
+fn lease_error(e: &LeaseError) -> SqlError {
+    SqlError(e.to_string())
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn count_error(expected: &str, got: usize) -> SqlError {
+    SqlError::new(
+        "invalid-argument",
+        format!("expected {expected}, got {got} arguments"),
+    )
+}
+
+/// `fence_lease_acquire(state, lock, lease_id, ttl_ms, authority,
+/// epoch_floor, now_ms)`: the component's acquire as JSON,
+/// `{"outcome":"acquired","token","expires_at","now","state"(hex)}` or
+/// `{"outcome":"busy","holder","expires_at"}` (numbers as strings); errors
+/// raise. `fencecheck.acquire` stores `state` in the same transaction.
+pub fn fence_lease_acquire(
+    checker: &mut dyn Checker,
+    clock: &Clock,
+    args: &[Arg<'_>],
+) -> Result<Output, SqlError> {
+    let [state, lock, lease_id, ttl, authority, floor, now] = args else {
+        return Err(count_error(
+            "7 (state, lock, lease_id, ttl_ms, authority, epoch_floor, now_ms)",
+            args.len(),
+        ));
+    };
+    let state = lease_state(state)?;
+    let request = AcquireRequest {
+        lock: text("lock", lock)?.to_string(),
+        lease_id: text("lease_id", lease_id)?.to_string(),
+        ttl: number("ttl_ms", ttl)?,
+        authority: number("authority", authority)?,
+        epoch_floor: number("epoch_floor", floor)?,
+        now: clock.now(now)?,
+    };
+    let decided = checker
+        .acquire(state, &request)
+        .map_err(|e| runtime_error(&e))?
+        .map_err(|e| lease_error(&e))?;
+    let json = match decided {
+        Acquire::Acquired {
+            token,
+            expires_at,
+            state,
+        } => serde_json::json!({
+            "outcome": "acquired",
+            "token": TokenText(token).to_string(),
+            "expires_at": expires_at.to_string(),
+            "now": request.now.to_string(),
+            "state": hex(&state),
+        }),
+        Acquire::Busy { holder, expires_at } => serde_json::json!({
+            "outcome": "busy",
+            "holder": holder,
+            "expires_at": expires_at.to_string(),
+        }),
+    };
+    Ok(Output::Text(json.to_string()))
+}
+
+/// `fence_lease_renew(state, lease_id, token, ttl_ms, authority, now_ms)`:
+/// `{"outcome":"renewed","expires_at","state"}` or `{"outcome":"lost"}`.
+pub fn fence_lease_renew(
+    checker: &mut dyn Checker,
+    clock: &Clock,
+    args: &[Arg<'_>],
+) -> Result<Output, SqlError> {
+    let [state, lease_id, token, ttl, authority, now] = args else {
+        return Err(count_error(
+            "6 (state, lease_id, token, ttl_ms, authority, now_ms)",
+            args.len(),
+        ));
+    };
+    let state = lease_state(state)?;
+    let authority = number("authority", authority)?;
+    let request = RenewRequest {
+        lease_id: text("lease_id", lease_id)?.to_string(),
+        token: lease_token(token, authority)?,
+        ttl: number("ttl_ms", ttl)?,
+        now: clock.now(now)?,
+    };
+    let decided = checker
+        .renew(state, &request)
+        .map_err(|e| runtime_error(&e))?
+        .map_err(|e| lease_error(&e))?;
+    let json = match decided {
+        Renew::Renewed { expires_at, state } => serde_json::json!({
+            "outcome": "renewed",
+            "expires_at": expires_at.to_string(),
+            "state": hex(&state),
+        }),
+        Renew::Lost => serde_json::json!({"outcome": "lost"}),
+    };
+    Ok(Output::Text(json.to_string()))
+}
+
+/// `fence_lease_release(state, lease_id, token, authority)`:
+/// `{"outcome":"released","state"}` or `{"outcome":"not-owner"}`.
+pub fn fence_lease_release(
+    checker: &mut dyn Checker,
+    args: &[Arg<'_>],
+) -> Result<Output, SqlError> {
+    let [state, lease_id, token, authority] = args else {
+        return Err(count_error(
+            "4 (state, lease_id, token, authority)",
+            args.len(),
+        ));
+    };
+    let state = lease_state(state)?;
+    let authority = number("authority", authority)?;
+    let request = ReleaseRequest {
+        lease_id: text("lease_id", lease_id)?.to_string(),
+        token: lease_token(token, authority)?,
+    };
+    let decided = checker
+        .release(state, &request)
+        .map_err(|e| runtime_error(&e))?
+        .map_err(|e| lease_error(&e))?;
+    let json = match decided {
+        Release::Released { state } => {
+            serde_json::json!({"outcome": "released", "state": hex(&state)})
+        }
+        Release::NotOwner => serde_json::json!({"outcome": "not-owner"}),
+    };
+    Ok(Output::Text(json.to_string()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -416,6 +627,54 @@ mod tests {
             err.as_deref(),
             Some("invalid-argument: state must be bytes or NULL, got INTEGER")
         );
+        Ok(())
+    }
+
+    /// Lease numbers are whole u64s only (a non-negative INTEGER or
+    /// canonical decimal text); an explicit `now_ms` needs the test clock,
+    /// and with it the grant is decided at that time.
+    #[test]
+    fn lease_numbers_and_clock() -> Result<(), SqlError> {
+        for (arg, ok) in [
+            (Arg::Integer(5), Some(5)),
+            (t("18446744073709551615"), Some(u64::MAX)),
+            (Arg::Decimal("7"), Some(7)),
+            (Arg::Integer(-1), None),
+            (t("+5"), None),
+            (t(" 5"), None),
+            (t("1e3"), None),
+            (t("18446744073709551616"), None),
+            (Arg::Real, None),
+            (Arg::Null, None),
+        ] {
+            assert_eq!(number("ttl_ms", &arg).ok(), ok, "{arg:?}");
+        }
+        let fixed = |test_clock| Clock {
+            test_clock,
+            system_ms: || Ok(1),
+        };
+        let call = [
+            Arg::Null,
+            t("l"),
+            t("a"),
+            t("10"),
+            t("9"),
+            t("0"),
+            Arg::Integer(100),
+        ];
+        let refused = fence_lease_acquire(&mut Native, &fixed(false), &call)
+            .err()
+            .map(|e| e.0)
+            .unwrap_or_default();
+        assert!(
+            refused.contains("FENCECHECK_MARIADB_TEST_CLOCK"),
+            "{refused}"
+        );
+        let Output::Text(json) = fence_lease_acquire(&mut Native, &fixed(true), &call)? else {
+            return Err(SqlError("not text".into()));
+        };
+        assert!(json.contains("\"token\":\"9:0.1\""), "{json}");
+        assert!(json.contains("\"expires_at\":\"110\""), "{json}");
         Ok(())
     }
 }

@@ -3,7 +3,9 @@
 //! `fence_version` with the same arguments, outcomes and state bytes as the
 //! SQLite extension (`host/sqlite-ext`) and the PostgreSQL functions, and
 //! `sql/fencecheck.sql`, the `fencecheck.protect(...)` procedure that fences
-//! a table with triggers.
+//! a table with triggers, and a lease coordinator: `fencecheck.acquire/
+//! renew/release/restore`, procedures that lock a lease row and let the
+//! pure `fence_lease_acquire/renew/release` functions decide.
 //!
 //! ```sql
 //! CREATE FUNCTION fence_next RETURNS STRING SONAME 'libfencecheck_mariadb.so';
@@ -27,7 +29,7 @@
 pub mod functions;
 mod udfs;
 
-pub use udfs::ER_FENCE;
+pub use udfs::{ER_FENCE, TEST_CLOCK_ENV};
 
 /// The SQL that installs the functions and the `fencecheck` schema
 /// (`protect`, the tombstones): run it as an administrator after copying

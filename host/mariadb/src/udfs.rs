@@ -24,7 +24,28 @@ use std::sync::{Mutex, OnceLock};
 use fencecheck::{Instance, Runtime};
 use udf::prelude::*;
 
-use crate::functions::{self, Arg, Output, SqlError};
+use crate::functions::{self, Arg, Clock, Output, SqlError};
+
+/// The server process's environment variable that lets lease calls take an
+/// explicit `now_ms` (`@fencecheck_now_ms`): for tests only, as the Redis
+/// module's `TEST-CLOCK`. Read once.
+pub const TEST_CLOCK_ENV: &str = "FENCECHECK_MARIADB_TEST_CLOCK";
+
+fn system_ms() -> Result<u64, SqlError> {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .ok()
+        .and_then(|d| u64::try_from(d.as_millis()).ok())
+        .ok_or_else(|| SqlError("runtime-error: the clock is before 1970".into()))
+}
+
+fn clock() -> &'static Clock {
+    static CLOCK: OnceLock<Clock> = OnceLock::new();
+    CLOCK.get_or_init(|| Clock {
+        test_clock: std::env::var_os(TEST_CLOCK_ENV).is_some_and(|v| v == "1"),
+        system_ms,
+    })
+}
 
 /// `ER_SIGNAL_EXCEPTION`: the error number of an unhandled `SIGNAL`, so a
 /// refusal from the functions and one from a fenced table's trigger share
@@ -144,8 +165,6 @@ impl Drop for Call {
     }
 }
 
-type Body = fn(&mut dyn fencecheck::Checker, &[Arg<'_>]) -> Result<Output, SqlError>;
-
 fn init_call(
     args: &ArgList<'_, Init>,
     counts: &[usize],
@@ -179,11 +198,14 @@ fn init_call(
 
 /// Run `body` on this call's instance and keep its result in `call.out`;
 /// `Ok(None)` is SQL NULL.
-fn process_call<'a>(
+fn process_call<'a, F>(
     call: &'a mut Call,
     args: &ArgList<'_, Process>,
-    body: Body,
-) -> Result<Option<&'a [u8]>, ProcessError> {
+    body: F,
+) -> Result<Option<&'a [u8]>, ProcessError>
+where
+    F: FnOnce(&mut dyn fencecheck::Checker, &[Arg<'_>]) -> Result<Output, SqlError>,
+{
     let result = catch_unwind(AssertUnwindSafe(|| {
         let args = args_of(args);
         match call.instance.as_mut() {
@@ -306,5 +328,76 @@ impl BasicUdf for FenceVersion {
             Ok(Err(SqlError(message))) => Err(raise(&message)),
             Err(_) => Err(raise("runtime-error: the plugin panicked")),
         }
+    }
+}
+
+/// `fence_lease_acquire(state, lock, lease_id, ttl_ms, authority,
+/// epoch_floor, now_ms)`: the decision as JSON (`fencecheck.acquire`).
+pub struct FenceLeaseAcquire(Call);
+
+#[register]
+impl BasicUdf for FenceLeaseAcquire {
+    type Returns<'a> = Option<&'a [u8]>;
+
+    fn init(cfg: &UdfCfg<Init>, args: &ArgList<Init>) -> Result<Self, String> {
+        cfg.set_max_len(262_143);
+        init_call(args, &[7], true).map(Self)
+    }
+
+    fn process<'a>(
+        &'a mut self,
+        _cfg: &UdfCfg<Process>,
+        args: &ArgList<Process>,
+        _error: Option<NonZeroU8>,
+    ) -> Result<Self::Returns<'a>, ProcessError> {
+        process_call(&mut self.0, args, |c, a| {
+            functions::fence_lease_acquire(c, clock(), a)
+        })
+    }
+}
+
+/// `fence_lease_renew(state, lease_id, token, ttl_ms, authority, now_ms)`.
+pub struct FenceLeaseRenew(Call);
+
+#[register]
+impl BasicUdf for FenceLeaseRenew {
+    type Returns<'a> = Option<&'a [u8]>;
+
+    fn init(cfg: &UdfCfg<Init>, args: &ArgList<Init>) -> Result<Self, String> {
+        cfg.set_max_len(262_143);
+        init_call(args, &[6], true).map(Self)
+    }
+
+    fn process<'a>(
+        &'a mut self,
+        _cfg: &UdfCfg<Process>,
+        args: &ArgList<Process>,
+        _error: Option<NonZeroU8>,
+    ) -> Result<Self::Returns<'a>, ProcessError> {
+        process_call(&mut self.0, args, |c, a| {
+            functions::fence_lease_renew(c, clock(), a)
+        })
+    }
+}
+
+/// `fence_lease_release(state, lease_id, token, authority)`.
+pub struct FenceLeaseRelease(Call);
+
+#[register]
+impl BasicUdf for FenceLeaseRelease {
+    type Returns<'a> = Option<&'a [u8]>;
+
+    fn init(cfg: &UdfCfg<Init>, args: &ArgList<Init>) -> Result<Self, String> {
+        cfg.set_max_len(262_143);
+        init_call(args, &[4], true).map(Self)
+    }
+
+    fn process<'a>(
+        &'a mut self,
+        _cfg: &UdfCfg<Process>,
+        args: &ArgList<Process>,
+        _error: Option<NonZeroU8>,
+    ) -> Result<Self::Returns<'a>, ProcessError> {
+        process_call(&mut self.0, args, functions::fence_lease_release)
     }
 }

@@ -8,7 +8,8 @@
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
@@ -53,9 +54,23 @@ fn run_as() -> Option<&'static str> {
     })
 }
 
+/// A free loopback port never handed out before in this process: the
+/// kernel may give a just-closed port again, and two servers of one test
+/// run on one port would connect tests to each other's server.
 fn free_port() -> Result<u16> {
-    let listener = TcpListener::bind("127.0.0.1:0").context("finding a free loopback port")?;
-    Ok(listener.local_addr()?.port())
+    static GIVEN: Mutex<Vec<u16>> = Mutex::new(Vec::new());
+    let mut given = GIVEN
+        .lock()
+        .map_err(|_| anyhow::anyhow!("port list poisoned"))?;
+    for _ in 0..100 {
+        let listener = TcpListener::bind("127.0.0.1:0").context("finding a free loopback port")?;
+        let port = listener.local_addr()?.port();
+        if !given.contains(&port) {
+            given.push(port);
+            return Ok(port);
+        }
+    }
+    bail!("no fresh loopback port after 100 tries")
 }
 
 fn as_server_user(program: &str) -> Command {
@@ -121,12 +136,19 @@ fn template() -> Result<&'static Path> {
                     std::process::id()
                 ));
                 let _ = std::fs::remove_dir_all(&dir);
+                let tmp = dir.join("tmp");
+                let dir = dir.join("data");
                 std::fs::create_dir_all(&dir)?;
-                chown(&dir)?;
+                std::fs::create_dir_all(&tmp)?;
+                chown(dir.parent().unwrap_or(&dir))?;
                 check(
                     as_server_user("mariadb-install-db")
                         .arg("--no-defaults")
                         .arg(format!("--datadir={}", dir.display()))
+                        // Its own tmpdir, as every server's: a starting
+                        // mariadbd deletes the `#sql*` files in its tmpdir,
+                        // another server's temporary tables among them.
+                        .arg(format!("--tmpdir={}", tmp.display()))
                         .args([
                             "--auth-root-authentication-method=normal",
                             "--skip-test-db",
@@ -149,6 +171,7 @@ pub struct Server {
     port: u16,
     child: Option<Child>,
     extra: Vec<String>,
+    test_clock: bool,
 }
 
 impl Server {
@@ -160,14 +183,28 @@ impl Server {
 
     /// [`Server::start`] with extra `mariadbd` options.
     pub fn start_with(extra: &[&str]) -> Result<Self> {
+        Self::start_opts(extra, false)
+    }
+
+    /// [`Server::start`] with the lease test clock on
+    /// (`FENCECHECK_MARIADB_TEST_CLOCK=1`): `@fencecheck_now_ms` is honoured.
+    pub fn start_with_test_clock() -> Result<Self> {
+        Self::start_opts(&[], true)
+    }
+
+    fn start_opts(extra: &[&str], test_clock: bool) -> Result<Self> {
         let template = template()?;
+        // Unique in this process: a reused name would remove a running
+        // server's directory.
+        static NEXT: AtomicU64 = AtomicU64::new(0);
         let root = std::env::temp_dir().join(format!(
             "fencecheck-mariadb-{}-{}",
             std::process::id(),
-            free_port()?
+            NEXT.fetch_add(1, Ordering::SeqCst)
         ));
         let _ = std::fs::remove_dir_all(&root);
         std::fs::create_dir_all(root.join("plugin"))?;
+        std::fs::create_dir_all(root.join("tmp"))?;
         check(
             Command::new("cp")
                 .arg("-a")
@@ -182,6 +219,7 @@ impl Server {
             port: free_port()?,
             child: None,
             extra: extra.iter().map(|s| (*s).to_string()).collect(),
+            test_clock,
         };
         server.launch()?;
         let mut conn = server.root_conn(None)?;
@@ -192,7 +230,14 @@ impl Server {
 
     fn launch(&mut self) -> Result<()> {
         let log = std::fs::File::create(self.root.join("stdout.log"))?;
-        let child = as_server_user("/usr/sbin/mariadbd")
+        let mut command = as_server_user("/usr/sbin/mariadbd");
+        // runuser keeps the environment; without it the variable is unset.
+        if self.test_clock {
+            command.env(fencecheck_mariadb::TEST_CLOCK_ENV, "1");
+        } else {
+            command.env_remove(fencecheck_mariadb::TEST_CLOCK_ENV);
+        }
+        let child = command
             .arg("--no-defaults")
             .arg(format!("--datadir={}", self.root.join("data").display()))
             .arg(format!(
@@ -200,6 +245,8 @@ impl Server {
                 self.root.join("plugin").display()
             ))
             .arg(format!("--socket={}", self.root.join("sock").display()))
+            // Its own temporary files: none shared with other servers.
+            .arg(format!("--tmpdir={}", self.root.join("tmp").display()))
             .arg(format!("--pid-file={}", self.root.join("pid").display()))
             .arg(format!(
                 "--log-error={}",

@@ -4,6 +4,7 @@
 mod common;
 mod crash;
 mod functions;
+mod leases;
 mod protect;
 mod replication;
 mod vectors;
