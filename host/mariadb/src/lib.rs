@@ -22,11 +22,20 @@
 //! INTEGER or NULL; an optional 7th argument, the scope's signing keys
 //! (`'ID:HEX,…'`). docs/mariadb.md has the whole reference.
 //!
-//! Internals: `functions` (safe Rust, shared wording with the SQLite
-//! extension) and `udfs` (the entry points, the runtime and its pool of
-//! instances, raising).
+//! # Layout
+//!
+//! - `functions`: the decisions in safe Rust (arguments in, outcome or
+//!   refusal out), worded as the SQLite extension words them.
+//! - `udfs`: the C entry points the server calls (`catch_unwind` around
+//!   each), the runtime and its pool of instances, raising refusals through
+//!   the server's `my_message`.
+//! - `sql/fencecheck.sql` ([`INSTALL_SQL`]): `CREATE FUNCTION`s, the
+//!   `fencecheck` schema (`protect`, tombstones, the lease procedures).
+//!
+//! The crate's Rust API is what the tests and tools need: [`INSTALL_SQL`],
+//! [`ER_FENCE`] (the error number a refusal raises) and [`TEST_CLOCK_ENV`].
 
-pub mod functions;
+mod functions;
 mod udfs;
 
 pub use udfs::{ER_FENCE, TEST_CLOCK_ENV};
