@@ -25,3 +25,11 @@ cli() {
         cargo run -q --locked "${profile[@]}" -p fencecheck-cli -- "$@"
     fi
 }
+
+# lint_in_build: true when cargo compiles the workspace's crates through
+# clippy-driver with warnings denied (.ci/run sets this up): the builds are
+# then the lint, and scripts/test skips its separate `cargo clippy` pass.
+lint_in_build() {
+    [ "$(basename "${RUSTC_WORKSPACE_WRAPPER:-}")" = clippy-driver ] &&
+        [ "${CLIPPY_ARGS:-}" = -Dwarnings ]
+}
