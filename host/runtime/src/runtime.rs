@@ -62,7 +62,7 @@ pub enum Loaded {
 /// [`Limits::call_bytes`] on the input, is why the embedded component runs
 /// without fuel; the fuzz target `fuel_bound` asserts it for every export,
 /// so a change that makes a call superlinear fails CI. Measured
-/// (`cargo test -p fencecheck-tests --test component worst_case -- --nocapture`):
+/// (`cargo test -p fencecheck-tests --test integration component::worst_case -- --nocapture`):
 /// the costliest bytes are a packed batch of the smallest signed items, one
 /// HMAC-SHA256 (~31,000 fuel) per 94-byte item, ~330 per byte; a 1 MiB
 /// non-ASCII scope costs ~20 per byte to validate, a full-window check

@@ -4,7 +4,7 @@
 //! against an audit log of every committed publish, written by a trigger in
 //! the publish's own transaction.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, HashSet};
 use std::thread;

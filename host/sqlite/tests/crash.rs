@@ -1,6 +1,6 @@
 //! Crash recovery with real processes killed by SIGKILL at a known point.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

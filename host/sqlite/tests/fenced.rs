@@ -1,6 +1,6 @@
 //! `fenced_write`: read state → check → store state and mutation, atomically.
 
-mod common;
+use crate::common;
 
 use std::cell::{Cell, RefCell};
 use std::time::Duration;

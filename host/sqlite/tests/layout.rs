@@ -1,6 +1,6 @@
 //! `install`: the one layout every host shares, and its layout number.
 
-mod common;
+use crate::common;
 
 use anyhow::{Result, bail, ensure};
 use common::rows;

@@ -3,7 +3,7 @@
 //! read-then-write path did: the same `Fenced` values, the same errors, and
 //! nothing changed by anything but `applied`.
 
-mod common;
+use crate::common;
 
 use std::cell::RefCell;
 use std::time::Duration;

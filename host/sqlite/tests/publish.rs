@@ -1,7 +1,7 @@
 //! The publish protocol: staging, fenced publication, discard and the
 //! garbage collector, with time passed in explicitly.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

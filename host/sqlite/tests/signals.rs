@@ -3,7 +3,7 @@
 //! its exporter), every fenced write and publish counts one
 //! `fencecheck_decisions_total` with the table's labels and values only.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 

@@ -2,7 +2,7 @@
 //! `fencecheck_keys` table) refuse every token their authority did not sign,
 //! on both write paths (read-then-write and the one-statement publish).
 
-mod common;
+use crate::common;
 
 use anyhow::{Result, bail, ensure};
 use common::{Db, at_ms, rows, runtime};
