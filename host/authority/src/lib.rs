@@ -25,7 +25,10 @@
 //!   manual ones.
 //! - [`migrate`], [`StoreUrl`], [`Migrated`]: move a lineage (the authority
 //!   id every token carries) with its locks to another store, sealing the
-//!   old one, so resources keep accepting the new store's grants.
+//!   old one, so resources keep accepting the new store's grants. The
+//!   SQLite, PostgreSQL and etcd stores each seal and import themselves
+//!   behind one crate-private trait (`lineage`); `migrate` drives that
+//!   trait and names no store (`store_url` opens one from its URL).
 //! - [`SigningCoordinator`]: any coordinator whose grants carry the
 //!   authority's signature ([`Grant::signature`], [`Grant::token_text`]),
 //!   for resources that require signed tokens.
@@ -62,6 +65,7 @@ mod client;
 mod clock;
 mod error;
 mod etcd;
+mod lineage;
 mod migrate;
 mod postgres;
 mod redis;
@@ -69,18 +73,19 @@ mod rules;
 mod signals;
 mod signing;
 mod sqlite;
+mod store_url;
 
 pub use client::{AcquireResult, Client, DriftBound, Lease, WriteError, WriteOutcome};
 pub use clock::{Clock, ManualClock, MonotonicClock, SystemClock};
 pub use error::AuthorityError;
 pub use etcd::{EtcdCoordinator, EtcdCredentials, EtcdOptions, EtcdTls};
-pub use migrate::{
-    EtcdAccess, Migrated, MigrationStep, StoreUrl, migrate, migrate_with, migrate_with_etcd,
-};
+pub use lineage::MigrationStep;
+pub use migrate::{Migrated, migrate, migrate_with, migrate_with_etcd};
 pub use postgres::{Connect as PostgresConnect, PostgresCoordinator};
 pub use redis::RedisCoordinator;
 pub use signing::SigningCoordinator;
 pub use sqlite::SqliteCoordinator;
+pub use store_url::{EtcdAccess, StoreUrl};
 
 use fencecheck::{GrantSignature, SignedTokenText, Token};
 

@@ -7,7 +7,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use fencecheck::{Instance, LeaseError, Runtime};
 use postgres::{Client, NoTls, Transaction};
 
-use crate::migrate::{self, Export, Imported, Lineage, Peek};
+use crate::lineage::{
+    Export, Imported, Lineage, LineageStore, MigrationStep, Peek, target_verdict,
+};
 use crate::rules::{self, Decided, Read};
 use crate::{AuthorityError, Clock};
 
@@ -312,8 +314,44 @@ fn all_locks(tx: &mut Transaction<'_>) -> Result<Vec<(String, Vec<u8>)>, Authori
         .collect())
 }
 
+/// A PostgreSQL database as a migration reaches it: by URL, without TLS
+/// and without a coordinator (and its clock), so a look changes nothing.
+pub(crate) struct PostgresStore {
+    url: String,
+    runtime: Runtime,
+}
+
+impl PostgresStore {
+    pub(crate) fn new(url: String, runtime: Runtime) -> Self {
+        Self { url, runtime }
+    }
+}
+
+impl LineageStore for PostgresStore {
+    fn identity(&self) -> Result<String, AuthorityError> {
+        identity(&self.url)
+    }
+
+    fn peek(&self) -> Result<Peek, AuthorityError> {
+        peek(&self.url)
+    }
+
+    fn seal(&self, target: &str, at_least: u64) -> Result<Export, AuthorityError> {
+        seal(&self.url, target, &mut self.runtime.instance()?, at_least)
+    }
+
+    /// One transaction; no steps of its own.
+    fn import(
+        &self,
+        export: &Export,
+        _step: &mut dyn FnMut(MigrationStep),
+    ) -> Result<Imported, AuthorityError> {
+        import(&self.url, export)
+    }
+}
+
 /// The server and database `url` names, without credentials.
-pub(crate) fn identity(url: &str) -> Result<String, AuthorityError> {
+fn identity(url: &str) -> Result<String, AuthorityError> {
     let config: postgres::Config = url.parse()?;
     let host = match config.get_hosts().first() {
         Some(postgres::config::Host::Tcp(host)) => host.clone(),
@@ -329,7 +367,7 @@ pub(crate) fn identity(url: &str) -> Result<String, AuthorityError> {
 }
 
 /// The lineage and whether there is state, changing nothing.
-pub(crate) fn peek(url: &str) -> Result<Peek, AuthorityError> {
+fn peek(url: &str) -> Result<Peek, AuthorityError> {
     let mut client = Client::connect(url, NoTls)?;
     let exists: bool = client
         .query_one(
@@ -375,7 +413,7 @@ pub(crate) fn peek(url: &str) -> Result<Peek, AuthorityError> {
 /// Seal the database at `url` for `target` and export it (see `migrate`):
 /// the row lock on the lineage row waits for decisions in flight (they
 /// hold it `FOR SHARE`) and keeps new ones out until the seal commits.
-pub(crate) fn seal(
+fn seal(
     url: &str,
     target: &str,
     guest: &mut Instance,
@@ -405,7 +443,7 @@ pub(crate) fn seal(
         .get(0);
     // Checked before the seal commits: a damaged state refuses the
     // migration and leaves the source granting.
-    let export = migrate::export(
+    let export = Export::checked(
         guest,
         lineage,
         from_sql(floor),
@@ -417,7 +455,7 @@ pub(crate) fn seal(
 }
 
 /// Import `export` into the database at `url` in one transaction.
-pub(crate) fn import(url: &str, export: &Export) -> Result<Imported, AuthorityError> {
+fn import(url: &str, export: &Export) -> Result<Imported, AuthorityError> {
     let mut client = Client::connect(url, NoTls)?;
     let mut tx = client.transaction()?;
     let held = prepare(&mut tx)?.map(|(lineage, moved_to)| match moved_to {
@@ -431,7 +469,7 @@ pub(crate) fn import(url: &str, export: &Export) -> Result<Imported, AuthorityEr
     let own: Option<i64> = tx
         .query_opt("SELECT epoch_floor FROM fencecheck_authority", &[])?
         .map(|r| r.get(0));
-    if migrate::target_verdict(held.as_ref(), has_state, export.lineage)?.is_some() {
+    if target_verdict(held.as_ref(), has_state, export.lineage)?.is_some() {
         return Ok(Imported::Already {
             floor: own.map_or(0, from_sql),
         });

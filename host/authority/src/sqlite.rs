@@ -1,14 +1,16 @@
 //! The embedded coordinator: lease states in SQLite, one `BEGIN IMMEDIATE`
 //! transaction per decision.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use fencecheck::{Instance, LeaseError, Runtime};
 use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
 
-use crate::migrate::{self, Export, Imported, Lineage, Peek};
+use crate::lineage::{
+    Export, Imported, Lineage, LineageStore, MigrationStep, Peek, target_verdict,
+};
 use crate::rules::{self, Decided, Read};
 use crate::{AuthorityError, Clock};
 
@@ -17,7 +19,7 @@ use crate::{AuthorityError, Clock};
 /// also uses: a coordinator and a resource may share one database file).
 /// Bump it, and make old coordinators fail, when these tables change.
 ///
-/// Layout 2 adds `moved_to` (set when `migrate` seals the store); layout 1
+/// Layout 2 adds `moved_to` (set when a migration seals the store); layout 1
 /// is upgraded in place on open, and coordinators from before layout 2
 /// refuse a sealed store instead of granting from it.
 const LAYOUT: i64 = 2;
@@ -264,9 +266,60 @@ fn open_store(path: &Path) -> Result<Connection, AuthorityError> {
     Ok(conn)
 }
 
+/// A SQLite coordinator database as a migration reaches it: by path,
+/// without a coordinator (and its clock), so a look changes nothing.
+pub(crate) struct SqliteStore {
+    path: PathBuf,
+    runtime: Runtime,
+}
+
+impl SqliteStore {
+    pub(crate) fn new(path: PathBuf, runtime: Runtime) -> Self {
+        Self { path, runtime }
+    }
+}
+
+impl LineageStore for SqliteStore {
+    /// `sqlite:` and the absolute path.
+    fn identity(&self) -> Result<String, AuthorityError> {
+        Ok(format!("sqlite:{}", absolute(&self.path)?.display()))
+    }
+
+    /// A missing file is an empty store.
+    fn peek(&self) -> Result<Peek, AuthorityError> {
+        peek(&self.path)
+    }
+
+    fn seal(&self, target: &str, at_least: u64) -> Result<Export, AuthorityError> {
+        seal(&self.path, target, &mut self.runtime.instance()?, at_least)
+    }
+
+    /// One transaction; no steps of its own.
+    fn import(
+        &self,
+        export: &Export,
+        _step: &mut dyn FnMut(MigrationStep),
+    ) -> Result<Imported, AuthorityError> {
+        import(&self.path, export)
+    }
+}
+
+/// `path` made absolute, resolving symbolic links in its directory (the
+/// file itself may not exist yet).
+fn absolute(path: &Path) -> Result<PathBuf, AuthorityError> {
+    let io = |e: std::io::Error| {
+        AuthorityError::MigrationRefused(format!("cannot resolve {}: {e}", path.display()))
+    };
+    let path = std::path::absolute(path).map_err(io)?;
+    match (path.parent(), path.file_name()) {
+        (Some(dir), Some(name)) if dir.exists() => Ok(dir.canonicalize().map_err(io)?.join(name)),
+        _ => Ok(path),
+    }
+}
+
 /// The lineage and whether there is state, changing nothing (a missing
 /// file is an empty store).
-pub(crate) fn peek(path: &Path) -> Result<Peek, AuthorityError> {
+fn peek(path: &Path) -> Result<Peek, AuthorityError> {
     if !path.exists() {
         return Ok(Peek::default());
     }
@@ -312,7 +365,7 @@ pub(crate) fn peek(path: &Path) -> Result<Peek, AuthorityError> {
 }
 
 /// Seal the store at `path` for `target` and export it (see `migrate`).
-pub(crate) fn seal(
+fn seal(
     path: &Path,
     target: &str,
     guest: &mut Instance,
@@ -347,13 +400,13 @@ pub(crate) fn seal(
     })?;
     // Checked before the seal commits: a damaged state refuses the
     // migration and leaves the source granting.
-    let export = migrate::export(guest, lineage, from_sql(floor), at_least, all_locks(&tx)?)?;
+    let export = Export::checked(guest, lineage, from_sql(floor), at_least, all_locks(&tx)?)?;
     tx.commit()?;
     Ok(export)
 }
 
 /// Import `export` into the store at `path` in one transaction.
-pub(crate) fn import(path: &Path, export: &Export) -> Result<Imported, AuthorityError> {
+fn import(path: &Path, export: &Export) -> Result<Imported, AuthorityError> {
     let mut conn = open_store(path)?;
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let held = prepare(&tx)?.map(|(lineage, moved_to)| match moved_to {
@@ -364,7 +417,7 @@ pub(crate) fn import(path: &Path, export: &Export) -> Result<Imported, Authority
         tx.query_row("SELECT EXISTS (SELECT 1 FROM fencecheck_leases)", [], |r| {
             r.get(0)
         })?;
-    if migrate::target_verdict(held.as_ref(), has_state, export.lineage)?.is_some() {
+    if target_verdict(held.as_ref(), has_state, export.lineage)?.is_some() {
         let floor: i64 = tx.query_row("SELECT epoch_floor FROM fencecheck_authority", [], |r| {
             r.get(0)
         })?;

@@ -35,7 +35,9 @@ use gateway::{
     excerpt, parse, prefix_end, put_op, range_all_op, range_op, range_unchanged_since, unchanged,
 };
 
-use crate::migrate::{self, Export, Imported, Lineage, MigrationStep, Peek};
+use crate::lineage::{
+    Export, Imported, Lineage, LineageStore, MigrationStep, Peek, target_verdict,
+};
 use crate::rules::{self, Decided, Read};
 use crate::{AcquireOutcome, AuthorityError, Clock, Coordinator, ReleaseOutcome, RenewOutcome};
 
@@ -519,8 +521,44 @@ impl EtcdCoordinator {
     }
 }
 
+/// An etcd prefix as a migration reaches it: connected for each step,
+/// without a lineage bound, so a look changes nothing.
+pub(crate) struct EtcdStore {
+    options: EtcdOptions,
+    runtime: Runtime,
+}
+
+impl EtcdStore {
+    pub(crate) fn new(options: EtcdOptions, runtime: Runtime) -> Self {
+        Self { options, runtime }
+    }
+}
+
+impl LineageStore for EtcdStore {
+    /// The cluster id and key prefix, not the members listed.
+    fn identity(&self) -> Result<String, AuthorityError> {
+        identity(self.options.clone())
+    }
+
+    fn peek(&self) -> Result<Peek, AuthorityError> {
+        peek(self.options.clone(), &self.runtime)
+    }
+
+    fn seal(&self, target: &str, at_least: u64) -> Result<Export, AuthorityError> {
+        seal(self.options.clone(), target, &self.runtime, at_least)
+    }
+
+    fn import(
+        &self,
+        export: &Export,
+        step: &mut dyn FnMut(MigrationStep),
+    ) -> Result<Imported, AuthorityError> {
+        import(self.options.clone(), export, &self.runtime, step)
+    }
+}
+
 /// The cluster and key prefix `options` reach, as a seal records them.
-pub(crate) fn identity(options: EtcdOptions) -> Result<String, AuthorityError> {
+fn identity(options: EtcdOptions) -> Result<String, AuthorityError> {
     let prefix = options.prefix.clone();
     let gateway = Gateway::connect(options.access())?;
     Ok(format!(
@@ -530,7 +568,7 @@ pub(crate) fn identity(options: EtcdOptions) -> Result<String, AuthorityError> {
 }
 
 /// The lineage and whether there is state, changing nothing.
-pub(crate) fn peek(options: EtcdOptions, runtime: &Runtime) -> Result<Peek, AuthorityError> {
+fn peek(options: EtcdOptions, runtime: &Runtime) -> Result<Peek, AuthorityError> {
     let store = EtcdCoordinator::unbound(options, runtime.clone(), Arc::new(crate::SystemClock))?;
     let (_, lineage, floor, locks) = store.read_all()?;
     Ok(Peek {
@@ -544,7 +582,7 @@ pub(crate) fn peek(options: EtcdOptions, runtime: &Runtime) -> Result<Peek, Auth
 /// `migrate`): one read at one revision, then one transaction that marks
 /// the lineage key moved only if the lineage, the floor and every lock key
 /// are as read, so no decision can slip between the read and the seal.
-pub(crate) fn seal(
+fn seal(
     options: EtcdOptions,
     target: &str,
     runtime: &Runtime,
@@ -583,7 +621,7 @@ pub(crate) fn seal(
         // and leaves the source granting.
         let export = {
             let mut guest = store.guest.lock().unwrap_or_else(PoisonError::into_inner);
-            migrate::export(
+            Export::checked(
                 &mut guest,
                 id,
                 floor_value(floor.as_ref())?,
@@ -623,7 +661,7 @@ pub(crate) fn seal(
 /// in batches, then write the floor and mark the lineage live. Until the
 /// last step every decision refuses ([`AuthorityError::MigrationIncomplete`]);
 /// a re-run after a crash finds the mark and starts the sequence over.
-pub(crate) fn import(
+fn import(
     options: EtcdOptions,
     export: &Export,
     runtime: &Runtime,
@@ -637,7 +675,7 @@ pub(crate) fn import(
         .transpose()?;
     let has_state = floor.is_some() || !locks.is_empty();
     let own_floor = floor_value(floor.as_ref())?;
-    if migrate::target_verdict(held.as_ref(), has_state, export.lineage)?.is_some() {
+    if target_verdict(held.as_ref(), has_state, export.lineage)?.is_some() {
         return Ok(Imported::Already { floor: own_floor });
     }
     // A sealed store moved back to: above its own floor as well.
