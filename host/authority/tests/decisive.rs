@@ -2,7 +2,7 @@
 //! clock), the component, and a SQLite resource. Interleavings are forced
 //! with channels and explicit clock moves, never with sleeps.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::mpsc;

@@ -9,12 +9,8 @@
 //! told; and every token must be greater than every token granted before its
 //! request started.
 
-#[path = "support/etcd.rs"]
-mod etcd;
-#[path = "support/etcd_clients.rs"]
-mod etcd_clients;
-#[path = "support/lease_history.rs"]
-mod lease_history;
+use crate::etcd;
+use crate::etcd_clients;
 
 use anyhow::{Result, ensure};
 use etcd::Cluster;

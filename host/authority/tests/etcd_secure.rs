@@ -4,13 +4,10 @@
 //! limited to its key prefix. Every wrong certificate, wrong password and
 //! missing permission is its own clear error, and changes nothing.
 
-mod common;
-#[path = "support/etcd.rs"]
-mod etcd;
-#[path = "support/pki.rs"]
-mod pki;
-#[path = "support/secure_etcd.rs"]
-mod secure_etcd;
+use crate::common;
+use crate::etcd;
+use crate::pki;
+use crate::secure_etcd;
 
 use std::path::Path;
 use std::sync::Arc;

@@ -18,13 +18,8 @@
 //! also draws itself as an SVG timeline (nemesis/timeline.rs): faults,
 //! believed leases, writes and the closest approach of two leases.
 
-#[path = "support/etcd.rs"]
-mod etcd;
-#[path = "support/etcd_clients.rs"]
-mod etcd_clients;
-#[path = "support/lease_history.rs"]
-mod lease_history;
-#[path = "nemesis/timeline.rs"]
+use crate::etcd;
+use crate::etcd_clients;
 mod timeline;
 
 use std::io::{Read, Write};

@@ -15,8 +15,7 @@ use fencecheck_authority::{
 };
 use fencecheck_tests::pgserver::PgServer;
 
-#[path = "support/lease_history.rs"]
-mod lease_history;
+use crate::lease_history;
 
 fn coordinator(server: &PgServer, clock: &Arc<ManualClock>) -> Result<PostgresCoordinator> {
     Ok(PostgresCoordinator::open(

@@ -1,9 +1,8 @@
 //! Restoring the SQLite coordinator from a backup, and the token history of
 //! concurrent coordinators on one database.
 
-mod common;
-#[path = "support/lease_history.rs"]
-mod lease_history;
+use crate::common;
+use crate::lease_history;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -4,7 +4,7 @@
 //! a newer holder, released) and a coordinator that loses quorum record
 //! exactly the table's names, types and label values, and nothing else.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

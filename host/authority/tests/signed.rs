@@ -3,7 +3,7 @@
 //! whose scopes require signed tokens. Interleavings are forced by explicit
 //! clock moves, never sleeps.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

@@ -1,6 +1,6 @@
 //! The `fencecheck` binary as a user runs it.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 

@@ -4,12 +4,8 @@
 //! environment (never the command line), the errors an operator sees, and
 //! `migrate --from etcd:https://…`.
 
-#[path = "../../authority/tests/support/etcd.rs"]
-mod etcd;
-#[path = "../../authority/tests/support/pki.rs"]
-mod pki;
-#[path = "../../authority/tests/support/secure_etcd.rs"]
-mod secure_etcd;
+use crate::pki;
+use crate::secure_etcd;
 
 use std::process::{Command, Output};
 

@@ -7,14 +7,10 @@
 //! that are down, silent, hostile or misconfigured are `up 0` and bounded,
 //! and never stop the others.
 
-mod common;
-#[path = "common/exporter.rs"]
-#[allow(dead_code)]
-mod harness;
+use crate::common;
+use crate::harness;
 
-#[path = "../../redis/tests/common/mod.rs"]
-#[allow(missing_docs)]
-mod server;
+use crate::server;
 
 use std::collections::BTreeMap;
 use std::io::Write;

@@ -7,10 +7,9 @@
 //! grants nothing.
 #![allow(unsafe_code)] // loading the SQLite extension is `unsafe` in rusqlite's API
 
-#[path = "../../authority/tests/support/etcd.rs"]
-mod etcd;
+use crate::etcd;
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};

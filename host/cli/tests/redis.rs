@@ -4,11 +4,9 @@
 //! release and restore come back as the trait's outcomes; a server without
 //! the module and a wrong password are refused.
 
-mod common;
+use crate::common;
 
-#[path = "../../redis/tests/common/mod.rs"]
-#[allow(missing_docs)]
-mod server;
+use crate::server;
 
 use anyhow::{Context, Result, bail, ensure};
 use common::fencecheck;

@@ -2,7 +2,7 @@
 //! SQLite resource, and `authority acquire --signing-key` printing the
 //! signed token text that resource then accepts (and nothing else).
 
-mod common;
+use crate::common;
 
 use std::process::Output;
 

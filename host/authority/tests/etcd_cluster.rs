@@ -2,10 +2,8 @@
 //! grant rules, the authority, restore, and failing closed. Expiry is driven
 //! by a manual coordinator clock, never by sleeping.
 
-#[path = "support/etcd.rs"]
-mod etcd;
-#[path = "support/lease_history.rs"]
-mod lease_history;
+use crate::etcd;
+use crate::lease_history;
 
 use std::sync::Arc;
 use std::time::Duration;
