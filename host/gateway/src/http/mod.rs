@@ -1,15 +1,19 @@
 //! The Pingora service. A request's life, one module per step:
 //! [`conn`] (connection bound, header deadline) → [`route`] (method and path
 //! to a route, or 400/404/405) → authenticate and authorize ([`crate::auth`]:
-//! 401/403) → the handler of its surface ([`objects`], [`locks`]) → the
-//! store ([`crate::store`], [`crate::blobs`]). Every route is answered in
-//! `request_filter`: there is no upstream to proxy to.
+//! 401/403) → the handler of its surface ([`objects`], [`locks`]; a write
+//! through the fenced [`publish`], which the S3 front shares) → the
+//! store ([`crate::store`], [`crate::blobs`]). A path the S3 front claims
+//! goes to it instead, as a [`Surface`] (it routes and authenticates
+//! itself). Every route is answered in `request_filter`: there is no
+//! upstream to proxy to.
 
 pub(crate) mod body;
 pub(crate) mod conditional;
 pub(crate) mod conn;
 mod locks;
-pub(crate) mod objects;
+mod objects;
+pub(crate) mod publish;
 pub(crate) mod reply;
 mod route;
 
@@ -102,7 +106,25 @@ impl Default for Config {
 pub struct Gateway {
     core: Arc<Core>,
     /// The S3 front, if buckets were configured.
-    s3: Option<crate::s3::Front>,
+    s3: Option<Box<dyn Surface>>,
+}
+
+/// A surface that answers whole the requests it claims: the S3 front
+/// (added by `Gateway::with_s3`). `http` serves it through this trait
+/// without naming it, so the dependency runs one way: the S3 front uses
+/// `http`'s pieces (the core, the fenced publish), never the reverse.
+#[async_trait]
+pub(crate) trait Surface: Send + Sync {
+    /// Whether a request for `path` is this surface's.
+    fn claims(&self, path: &str) -> bool;
+
+    /// Answer one request this surface claimed.
+    async fn serve(
+        &self,
+        gw: &Gateway,
+        session: &mut Session,
+        ctx: &mut Ctx,
+    ) -> pingora::Result<()>;
 }
 
 /// What every surface of the gateway shares (the `/objects` API and the S3
@@ -149,12 +171,16 @@ impl Gateway {
         Self { core, s3: None }
     }
 
-    /// Serve the S3 front for `buckets` too (path-style `/{bucket}/{key}`;
-    /// key `K` of bucket `B` is the fenced key `B/K`). Refused: a bucket
-    /// name S3 would refuse, or one that is a path of the gateway's own API.
-    pub fn with_s3(mut self, buckets: &[String]) -> Result<Self, Error> {
-        self.s3 = Some(crate::s3::Front::new(self.core.clone(), buckets)?);
-        Ok(self)
+    /// Serve `surface` too, before the gateway's own routes (the S3 front:
+    /// `with_s3`).
+    pub(crate) fn with_surface(mut self, surface: Box<dyn Surface>) -> Self {
+        self.s3 = Some(surface);
+        self
+    }
+
+    /// What every surface shares.
+    pub(crate) fn core(&self) -> &Arc<Core> {
+        &self.core
     }
 }
 

@@ -12,16 +12,17 @@ use std::time::{Duration, Instant, SystemTime};
 use fencecheck::{
     Decision, MAX_OP_ID_BYTES, Policy, Request, SignedCheckError, SignedOutcome, SignedTokenText,
 };
-use fencecheck_sqlite::{Fenced, ObjectId, Rejection};
+use fencecheck_sqlite::{ObjectId, Rejection};
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::proxy::Session;
 use serde_json::json;
 
 use super::body::{BodyFailure, Reading};
 use super::conditional::{ReadCheck, Span, Tags, WriteConditions, read_check, span};
+use super::publish::{Published, Write, cleanup, decide_early, publish_fenced};
 use super::reply::{Reply, etag, refused, rejection, token_text};
 use super::route::ObjectOp;
-use super::{Core, Ctx, Failure, Gateway};
+use super::{Ctx, Gateway};
 use crate::blobs::Written;
 use crate::key::encode_key;
 use crate::store::{Current, Head, Kind, Meta};
@@ -45,13 +46,6 @@ pub(crate) async fn serve(
         }
     };
     gw.answer(session, ctx, reply).await
-}
-
-/// What a write asks for, from its headers.
-pub(crate) struct Write {
-    pub(crate) request: Request,
-    pub(crate) conditions: WriteConditions,
-    pub(crate) fence: String,
 }
 
 pub(crate) fn header<'a>(req: &'a RequestHeader, name: &str) -> Result<Option<&'a str>, Reply> {
@@ -285,24 +279,6 @@ async fn put(
     Ok(publish(gw, write, object, meta, if existed { 200 } else { 201 }).await)
 }
 
-/// Decide early, without storing anything: the verdict, the key's head,
-/// and the write (with the head's version as the expected one if
-/// `guarded`: a precondition holds or not against the version read here,
-/// and the publish then applies only if it is still the same).
-pub(crate) async fn decide_early(
-    gw: &Core,
-    write: Write,
-    guarded: bool,
-) -> Result<(SignedOutcome, Head, Write), Failure> {
-    // SQLite: on this thread, without a hop (its reads never wait).
-    if let Some((outcome, head, request)) = gw.store.early_here(&write.request, guarded) {
-        return Ok((outcome, head, Write { request, ..write }));
-    }
-    let request = write.request.clone();
-    let (outcome, head, request) = gw.work(true, move |s| s.early(request, guarded)).await?;
-    Ok((outcome, head, Write { request, ..write }))
-}
-
 /// Decide early; on a verdict that stops the write, the answer.
 async fn early(gw: &Gateway, write: Write) -> Result<(Write, Head), Reply> {
     let guarded = !write.conditions.is_empty();
@@ -348,61 +324,6 @@ async fn receive(
     gw.blobs.finish(writer).await.map_err(BodyFailure::Storage)
 }
 
-/// What a fenced publish came to. Anything but `Applied` and
-/// `CommitUnknown` has already dropped the staged object.
-pub(crate) enum Published {
-    /// Visible now.
-    Applied {
-        version: u64,
-        highest: fencecheck::Token,
-    },
-    /// A repeat of an applied write; `reused`: the Idempotency-Key was
-    /// applied with another body.
-    Duplicate { version: u64, reused: bool },
-    /// Stale, a version conflict, refused: nothing changed.
-    Rejected(Rejection),
-    /// The connection failed during the commit: it may have applied (the
-    /// object is kept; the collector takes it if it did not).
-    CommitUnknown(crate::error::Error),
-    /// Not decided.
-    Failed(Failure),
-}
-
-/// The fenced publish of a staged object.
-pub(crate) async fn publish_fenced(
-    gw: &Core,
-    write: &Write,
-    object: ObjectId,
-    meta: Meta,
-) -> Published {
-    let request = write.request.clone();
-    let sha256 = meta.sha256;
-    let published = gw
-        .work(false, move |s| s.publish(&request, object, &meta))
-        .await;
-    match published {
-        Ok(Fenced::Applied {
-            version, highest, ..
-        }) => Published::Applied { version, highest },
-        Ok(Fenced::Rejected(Rejection::Duplicate { version })) => {
-            cleanup(gw, object).await;
-            match body_reused(gw, write, version, sha256).await {
-                Ok(reused) => Published::Duplicate { version, reused },
-                Err(f) => Published::Failed(f),
-            }
-        }
-        Ok(Fenced::Rejected(r)) => {
-            cleanup(gw, object).await;
-            Published::Rejected(r)
-        }
-        Err(Failure::Store(e)) if e.is_commit_unknown() => Published::CommitUnknown(e),
-        Err(f) => {
-            cleanup(gw, object).await;
-            Published::Failed(f)
-        }
-    }
-}
-
 /// The fenced publish of a staged object and its answer.
 async fn publish(gw: &Gateway, write: Write, object: ObjectId, meta: Meta, status: u16) -> Reply {
     match publish_fenced(gw, &write, object, meta).await {
@@ -435,38 +356,6 @@ async fn publish(gw: &Gateway, write: Write, object: ObjectId, meta: Meta, statu
             .header("Retry-After", "1")
         }
         Published::Failed(f) => f.reply(),
-    }
-}
-
-/// Whether a duplicate Idempotency-Key was applied with another body (a
-/// different hash). The same body, or one written before the gateway kept
-/// body hashes (then it cannot tell), is a true repeat.
-async fn body_reused(
-    gw: &Core,
-    write: &Write,
-    version: u64,
-    sha256: [u8; 32],
-) -> Result<bool, Failure> {
-    let (scope, op_id) = (write.request.scope.clone(), write.request.op_id.clone());
-    let Some(op_id) = op_id else {
-        return Ok(false);
-    };
-    let recorded = gw
-        .work(false, move |s| s.op_hash(&scope, &op_id, version))
-        .await?;
-    Ok(recorded.is_some_and(|hash| hash[..] != sha256[..]))
-}
-
-/// Drop an unpublished object now; if that fails the collector will.
-pub(crate) async fn cleanup(gw: &Core, object: ObjectId) {
-    let result = match gw.work(false, move |s| s.discard(object)).await {
-        Ok(true) => gw.blobs.remove(object).await,
-        Ok(false) => Ok(()),
-        Err(Failure::Store(e)) => Err(e),
-        Err(Failure::Overloaded) => Ok(()),
-    };
-    if let Err(e) = result {
-        tracing::warn!(error = %e, object = object.get(), "discard failed; left to the collector");
     }
 }
 
