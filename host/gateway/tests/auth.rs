@@ -3,7 +3,7 @@
 //! `--max-ttl`, the loopback-only open mode, SIGHUP reload of the auth
 //! file, and secrets that never reach the log.
 
-mod common;
+use crate::common;
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};

@@ -4,7 +4,7 @@
 //! `fencecheck_gateway_component_info` names the version serving. The other
 //! versions are the real component with its version rewritten (validated).
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 use std::time::Duration;

@@ -2,7 +2,7 @@
 //! (a real, small tmpfs mounted by the test; CI runs as root) get 507,
 //! publish nothing and leave no file behind; the key keeps its old object.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -6,10 +6,8 @@
 //! body is parsed as its header says (XML by Python's parser, JSON by
 //! serde_json) and must name that code.
 
-mod common;
-#[allow(dead_code)] // the signer only: no aws-chunked bodies here
-#[path = "fuzz/sigv4.rs"]
-mod sigv4;
+use crate::common;
+use crate::s3::fuzz::sigv4;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::fs::PermissionsExt;

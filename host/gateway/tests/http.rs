@@ -1,7 +1,7 @@
 //! The gateway over real HTTP: the paused writer, every status code, and bad
 //! inputs that must change nothing.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

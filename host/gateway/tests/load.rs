@@ -2,7 +2,7 @@
 //! and stale writers on a few keys, every answer recorded, then checked
 //! against what the fence promises.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -1,6 +1,6 @@
 //! Lease endpoints over HTTP, and their tokens fencing writes end to end.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -3,7 +3,7 @@
 //! writer's Content-Type, Last-Modified, listings in pages, UTF-8 keys,
 //! honest idempotency, and a missing blob that is never served as 200.
 
-mod common;
+use crate::common;
 
 use anyhow::{Context, ensure};
 use common::{Gateway, Response};

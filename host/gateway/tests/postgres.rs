@@ -4,7 +4,7 @@
 //! and a retry with the same Idempotency-Key tells which way it went; the
 //! listing and the Idempotency-Key records work on PostgreSQL too.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

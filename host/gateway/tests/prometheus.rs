@@ -4,7 +4,7 @@
 //! the stale-rejection alert stays quiet under honest writes and fires once
 //! a paused writer comes back with an old token.
 
-mod common;
+use crate::common;
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};

@@ -1,7 +1,7 @@
 //! Component reload on SIGHUP: vetted by the conformance vectors, swapped
 //! mid-traffic without losing a request; a bad component is refused.
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 use std::sync::Arc;

@@ -3,11 +3,11 @@
 //! the gateway's own lock endpoints; the same keys are read back through
 //! `/objects`, so both surfaces are one fenced store.
 
-mod common;
+use crate::common;
 // The HTTP and S3 fuzzer (issue 34): here, for this file's S3 credentials and
 // so as not to link one more test binary.
 #[path = "fuzz/mod.rs"]
-mod fuzz;
+pub(crate) mod fuzz;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};

@@ -9,7 +9,7 @@
 //! test's own bound on waiting, so an exit within the bound shows that the
 //! drain, not the timeout, ended the process; the log says which.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::{Command, ExitStatus};

@@ -4,7 +4,7 @@
 //! token the authority did not sign with 403 `unauthenticated`, before the
 //! upload, changing nothing.
 
-mod common;
+use crate::common;
 
 use anyhow::{Context, ensure};
 use common::{Gateway, Response};

@@ -4,7 +4,7 @@
 //! if they were not there; then every one of them is cut off by its
 //! deadline. And the connection bound answers 503 at once.
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;

@@ -2,7 +2,7 @@
 //! with a real HTTPS client, and `--postgres` over TLS to a real PostgreSQL
 //! that requires it, with the password from `PGPASSFILE` and a bounded pool.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::time::{Duration, Instant};

@@ -1,7 +1,7 @@
 //! `--upstream`: blobs on a real nginx (Debian's, WebDAV PUT/DELETE on
 //! loopback, started here), pointers and fences in the gateway's SQLite.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -41,7 +41,7 @@
 //! they reach the operations; half of the keys come from a small pool, so
 //! reads, conditions and copies meet objects that exist.
 //!
-//! `cargo test --release -p fencecheck-gateway --test s3 fuzz:: -- --nocapture`
+//! `cargo test --release -p fencecheck-gateway --test integration s3::fuzz:: -- --nocapture`
 //! prints the seed, then a table of statuses per kind of request. To look
 //! into a finding: `FENCECHECK_FUZZ_SEED` and `FENCECHECK_FUZZ_INPUTS` as
 //! printed, `FENCECHECK_FUZZ_GATEWAY_LOG=debug` (the gateway's `RUST_LOG`),
