@@ -681,8 +681,8 @@ fn fence_inspect(ctx: &Context, args: &[RedisString]) -> Result<RedisValue, Refu
 
 /// A u64 stored as canonical decimal text under one of the module's keys;
 /// anything else is an error, never read as 0.
-fn read_u64(ctx: &Context, key: &str) -> Result<Option<u64>, Refusal> {
-    match read_string(ctx, key.as_bytes())? {
+fn read_u64(ctx: &Context, key: &[u8]) -> Result<Option<u64>, Refusal> {
+    match read_string(ctx, key)? {
         None => Ok(None),
         Some(v) => {
             let canonical =
@@ -693,7 +693,10 @@ fn read_u64(ctx: &Context, key: &str) -> Result<Option<u64>, Refusal> {
                 .and_then(|s| s.parse::<u64>().ok())
                 .map(Some)
                 .ok_or_else(|| {
-                    Refusal::new("CORRUPTSTATE", format!("{key} is not a canonical u64"))
+                    Refusal::new(
+                        "CORRUPTSTATE",
+                        format!("{} is not a canonical u64", String::from_utf8_lossy(key)),
+                    )
                 })
         }
     }
@@ -739,17 +742,27 @@ fn fence_acquire(ctx: &Context, args: &[RedisString]) -> Result<RedisValue, Refu
     arity(args, 4)?;
     let a = bytes(args);
     let key = lock_key(a[1])?;
-    settled(ctx, &key, &[])?;
+    let cluster = ctx.get_flags().contains(ContextFlags::CLUSTER);
+    let (lineage_key, floor_key) = lineage_keys(cluster, &key);
+    // In a cluster the slot's lineage and floor are part of the decision:
+    // mid-move, a node that lacks them must not decide from nothing.
+    let slot_keys: Vec<&[u8]> = if cluster {
+        vec![lineage_key.as_slice(), floor_key.as_slice()]
+    } else {
+        Vec::new()
+    };
+    settled(ctx, &key, &slot_keys)?;
     let lock = rules::text("lock", a[1])?;
     let lease_id = rules::text("lease-id", a[2])?;
     let ttl = rules::number("ttl-ms", a[3])?;
     let more = options_only(&a[4..], &["NOW"])?;
     let now = now(&more)?;
-    let (authority, new_lineage) = match read_u64(ctx, keys::LINEAGE_KEY)? {
+    let (authority, new_lineage) = match read_u64(ctx, &lineage_key)? {
         Some(id) => (id, false),
         None => (ffi::random_nonzero_u64(), true),
     };
-    let floor = read_u64(ctx, keys::FLOOR_KEY)?.unwrap_or(0);
+    let stored_floor = read_u64(ctx, &floor_key)?;
+    let floor = stored_floor.unwrap_or(0);
     let state = read_string(ctx, &key)?;
     let mut request = AcquireRequest {
         lock: lock.to_string(),
@@ -762,11 +775,12 @@ fn fence_acquire(ctx: &Context, args: &[RedisString]) -> Result<RedisValue, Refu
     let signing = grant_key(ctx)?;
     let mut decided = with_guest(|g| g.acquire(state.as_deref(), &request))?;
     // A lock's state pins the authority it was first granted under. In a
-    // cluster a reshard moves the state (MIGRATE) to a master with another
-    // lineage: the lock goes on in its own authority (its epochs and
-    // counters came with it), instead of refusing every later acquire.
+    // cluster the slot's lineage moves with the lock, but a lock granted by
+    // an earlier module (one lineage per node) may have another: it goes on
+    // in its own authority (its epochs and counters are in its state),
+    // instead of refusing every later acquire.
     if let Err(LeaseError::ForeignAuthority { stored, .. }) = decided
-        && ctx.get_flags().contains(ContextFlags::CLUSTER)
+        && cluster
     {
         request.authority = stored;
         decided = with_guest(|g| g.acquire(state.as_deref(), &request))?;
@@ -790,11 +804,12 @@ fn fence_acquire(ctx: &Context, args: &[RedisString]) -> Result<RedisValue, Refu
                 }
             };
             if new_lineage {
-                store(
-                    ctx,
-                    keys::LINEAGE_KEY.as_bytes(),
-                    request.authority.to_string().as_bytes(),
-                )?;
+                store(ctx, &lineage_key, request.authority.to_string().as_bytes())?;
+            }
+            // A cluster slot's floor exists from its first grant on, so a
+            // slot being moved never looks floorless on either node.
+            if cluster && stored_floor.is_none() {
+                store(ctx, &floor_key, b"0")?;
             }
             if state.as_deref() != Some(new_state.as_slice()) {
                 store(ctx, &key, &new_state)?;
@@ -900,9 +915,27 @@ fn fence_release(ctx: &Context, args: &[RedisString]) -> Result<RedisValue, Refu
     }
 }
 
+/// The keys of the lineage and the epoch floor a lock's grants use: the
+/// server's, or in a cluster its slot's ([`keys::slot_lineage_key`]).
+fn lineage_keys(cluster: bool, lease_key: &[u8]) -> (Vec<u8>, Vec<u8>) {
+    if cluster {
+        let slot = keys::slot(lease_key);
+        (keys::slot_lineage_key(slot), keys::slot_floor_key(slot))
+    } else {
+        (
+            keys::LINEAGE_KEY.as_bytes().to_vec(),
+            keys::FLOOR_KEY.as_bytes().to_vec(),
+        )
+    }
+}
+
 /// `FENCE.RESTORE [at-least]`: raise the epoch floor to
 /// `max(floor + 1, at-least)` (default: the server's Unix time in ms), so
 /// every later grant of every lock compares above every token issued before.
+/// In a cluster, the floor of every slot this node serves, to one value
+/// above the highest of them; a slot with no lineage yet gets the node's
+/// (so every lock the node serves grants under a lineage its replicas
+/// already have).
 fn fence_restore(ctx: &Context, args: &[RedisString]) -> Result<RedisValue, Refusal> {
     arity(args, 1)?;
     let a = bytes(args);
@@ -911,16 +944,97 @@ fn fence_restore(ctx: &Context, args: &[RedisString]) -> Result<RedisValue, Refu
         Some([v]) => rules::number("at-least", v)?,
         Some(_) => return Err(Refusal::syntax("usage: FENCE.RESTORE [at-least]")),
     };
-    let floor = read_u64(ctx, keys::FLOOR_KEY)?.unwrap_or(0);
-    let next = floor
-        .checked_add(1)
-        .ok_or_else(|| Refusal::new("EXHAUSTED", "the epoch floor would overflow"))?
-        .max(at_least);
-    store(ctx, keys::FLOOR_KEY.as_bytes(), next.to_string().as_bytes())?;
-    Ok(RedisValue::Array(vec![
-        RedisValue::SimpleStringStatic("restored"),
-        int(next),
-    ]))
+    let raise = |floor: u64| -> Result<u64, Refusal> {
+        Ok(floor
+            .checked_add(1)
+            .ok_or_else(|| Refusal::new("EXHAUSTED", "the epoch floor would overflow"))?
+            .max(at_least))
+    };
+    let flags = ctx.get_flags();
+    if !flags.contains(ContextFlags::CLUSTER) {
+        let floor = read_u64(ctx, keys::FLOOR_KEY.as_bytes())?.unwrap_or(0);
+        let next = raise(floor)?;
+        store(ctx, keys::FLOOR_KEY.as_bytes(), next.to_string().as_bytes())?;
+        return Ok(restored(next));
+    }
+    // Inside MULTI or a script the server files every key under the
+    // transaction's slot (Valkey 8): the other slots' floors would go astray.
+    if flags.contains(ContextFlags::MULTI) || flags.contains(ContextFlags::LUA) {
+        return Err(Refusal::syntax(
+            "in a cluster FENCE.RESTORE runs on its own, not in MULTI or a script",
+        ));
+    }
+    let slots = served_slots(ctx)?;
+    let mut highest = 0;
+    let mut lineage = None;
+    for &slot in &slots {
+        highest = highest.max(read_u64(ctx, &keys::slot_floor_key(slot))?.unwrap_or(0));
+        if lineage.is_none() {
+            lineage = read_u64(ctx, &keys::slot_lineage_key(slot))?;
+        }
+    }
+    let next = raise(highest)?;
+    let lineage = lineage.unwrap_or_else(ffi::random_nonzero_u64).to_string();
+    let text = next.to_string();
+    for slot in slots {
+        let lineage_key = keys::slot_lineage_key(slot);
+        if read_string(ctx, &lineage_key)?.is_none() {
+            store(ctx, &lineage_key, lineage.as_bytes())?;
+        }
+        store(ctx, &keys::slot_floor_key(slot), text.as_bytes())?;
+    }
+    Ok(restored(next))
+}
+
+fn restored(floor: u64) -> RedisValue {
+    RedisValue::Array(vec![RedisValue::SimpleStringStatic("restored"), int(floor)])
+}
+
+/// The slots this cluster node serves (its `myself` line of `CLUSTER
+/// NODES`); `-TRYAGAIN` while one of them is being moved in or out, when
+/// its keys may be on either node.
+fn served_slots(ctx: &Context) -> Result<Vec<u16>, Refusal> {
+    let nodes: CallResult = ctx.call_ext(
+        "CLUSTER",
+        &CallOptionsBuilder::new().errors_as_replies().build(),
+        &[b"NODES".as_slice()],
+    );
+    let Ok(CallReply::String(text)) = &nodes else {
+        return Err(Refusal::new("FENCERUNTIME", "CLUSTER NODES failed"));
+    };
+    let text = text.as_bytes();
+    let me = text
+        .split(|&b| b == b'\n')
+        .find(|line| {
+            line.split(|&b| b == b' ')
+                .nth(2)
+                .is_some_and(|flags| flags.split(|&b| b == b',').any(|f| f == b"myself"))
+        })
+        .ok_or_else(|| Refusal::new("FENCERUNTIME", "CLUSTER NODES names no myself"))?;
+    let mut slots = Vec::new();
+    for field in me.split(|&b| b == b' ').skip(8) {
+        if field.starts_with(b"[") {
+            return Err(Refusal::new(
+                "TRYAGAIN",
+                "a slot of this node is being migrated: restore once it has moved",
+            ));
+        }
+        let field = std::str::from_utf8(field).unwrap_or_default().trim();
+        if field.is_empty() {
+            continue;
+        }
+        let (first, last) = field.split_once('-').unwrap_or((field, field));
+        match (first.parse::<u16>(), last.parse::<u16>()) {
+            (Ok(first), Ok(last)) if first <= last && last < 16384 => slots.extend(first..=last),
+            _ => {
+                return Err(Refusal::new(
+                    "FENCERUNTIME",
+                    format!("CLUSTER NODES: bad slot range {field:?}"),
+                ));
+            }
+        }
+    }
+    Ok(slots)
 }
 
 /// `FENCE.VERSION`: the WIT package version of the component the module

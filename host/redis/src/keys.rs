@@ -6,12 +6,12 @@
 /// overwrite a mark.
 pub const PREFIX: &[u8] = b"fencecheck:";
 
-/// The coordinator's authority id (lineage), decimal u64, made at the first
-/// acquire.
+/// A server's authority id (lineage), decimal u64, made at the first
+/// acquire. Outside a cluster only: see [`slot_lineage_key`].
 pub const LINEAGE_KEY: &str = "fencecheck:lineage";
 
-/// The coordinator's epoch floor, decimal u64 (absent = 0), raised by
-/// FENCE.RESTORE.
+/// A server's epoch floor, decimal u64 (absent = 0), raised by
+/// FENCE.RESTORE. Outside a cluster only: see [`slot_floor_key`].
 pub const FLOOR_KEY: &str = "fencecheck:epoch-floor";
 
 /// Signing keys of the scopes that require signed tokens: a hash from
@@ -20,6 +20,57 @@ pub const SIGNING_KEYS_KEY: &str = "fencecheck:signing-keys";
 
 /// The authority's own signing key (`ID:HEX`), if grants are signed.
 pub const GRANT_KEY_KEY: &str = "fencecheck:grant-key";
+
+/// In a cluster, the lineage of the locks of `slot`: `fencecheck:lineage:{T}`
+/// where `T` is the slot's tag ([`slot_tag`]), so the key is in that slot.
+///
+/// A cluster keeps no node-wide keys: Valkey 8 (per-slot keyspaces, as in
+/// Redis 7.4+) files a key a command writes or reads under the command's
+/// own slot, so a key of another slot is per slot anyway (and a slot
+/// holding one cannot be handed over), and Redis 7.0 files it under a slot
+/// the node may not serve. Kept
+/// per slot, the lineage and the floor of a slot are read by the commands
+/// on its locks and move with them (MIGRATE, replicas, RDB and AOF alike).
+pub fn slot_lineage_key(slot: u16) -> Vec<u8> {
+    slot_key(b"fencecheck:lineage:", slot)
+}
+
+/// In a cluster, the epoch floor of the locks of `slot`:
+/// `fencecheck:epoch-floor:{T}` (see [`slot_lineage_key`]).
+pub fn slot_floor_key(slot: u16) -> Vec<u8> {
+    slot_key(b"fencecheck:epoch-floor:", slot)
+}
+
+fn slot_key(kind: &[u8], slot: u16) -> Vec<u8> {
+    let tag = slot_tag(slot);
+    let mut key = Vec::with_capacity(kind.len() + tag.len() + 2);
+    key.extend_from_slice(kind);
+    key.push(b'{');
+    key.extend_from_slice(tag.as_bytes());
+    key.push(b'}');
+    key
+}
+
+/// The smallest decimal number whose text hashes to `slot` (every slot has
+/// one below 2^20; the table is made once, in milliseconds).
+pub fn slot_tag(slot: u16) -> String {
+    static TAGS: std::sync::OnceLock<Vec<u32>> = std::sync::OnceLock::new();
+    let tags = TAGS.get_or_init(|| {
+        let mut tags = vec![u32::MAX; 16384];
+        let mut left = tags.len();
+        let mut n: u32 = 0;
+        while left > 0 && n < 1 << 20 {
+            let s = usize::from(crc16(n.to_string().as_bytes()) % 16384);
+            if tags[s] == u32::MAX {
+                tags[s] = n;
+                left -= 1;
+            }
+            n += 1;
+        }
+        tags
+    });
+    tags[usize::from(slot % 16384)].to_string()
+}
 
 /// A name the module cannot derive a key for in the name's own slot.
 #[derive(Debug, PartialEq, Eq)]
@@ -185,6 +236,27 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Every slot has a tag, and the per-slot keys are in their slot and
+    /// never meet a scope's or a lock's state key.
+    #[test]
+    fn slot_keys_are_in_their_slot() {
+        for s in 0..16384u16 {
+            let tag = slot_tag(s);
+            assert_ne!(tag, u32::MAX.to_string(), "slot {s} has no tag");
+            for key in [slot_lineage_key(s), slot_floor_key(s)] {
+                assert_eq!(slot(&key), s, "{key:?}");
+                assert!(reserved(&key));
+                assert!(
+                    !key.starts_with(b"fencecheck:{") && !key.starts_with(b"fencecheck:lease:")
+                );
+            }
+        }
+        assert_eq!(
+            slot_lineage_key(slot(b"0")),
+            b"fencecheck:lineage:{0}".to_vec()
+        );
     }
 
     /// The module's namespace, byte for byte (Redis keys are case-sensitive).

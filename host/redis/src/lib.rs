@@ -22,7 +22,9 @@
 //!   `FENCE.RENEW lock lease-id token ttl-ms`, `FENCE.RELEASE lock lease-id
 //!   token`, `FENCE.RESTORE [at-least]`.
 //! - State keys (`keys`): `fencecheck:{scope}` (or `fencecheck:{tag}:scope`
-//!   for a scope with a hash tag), always in the slot of the scope. Plain
+//!   for a scope with a hash tag), always in the slot of the scope; in a
+//!   cluster the lineage and the epoch floor are kept per slot too
+//!   (`fencecheck:lineage:{T}`, `fencecheck:epoch-floor:{T}`). Plain
 //!   strings holding the component's bytes, so RDB, AOF and replicas need
 //!   no module.
 //! - `commands` holds the handlers, `rules` the argument parsing and the
@@ -54,6 +56,7 @@ mod signals;
 
 pub use keys::{
     FLOOR_KEY, GRANT_KEY_KEY, LINEAGE_KEY, NoSlotKey, SIGNING_KEYS_KEY, fence_key, lease_key, slot,
+    slot_floor_key, slot_lineage_key,
 };
 
 mod module {

@@ -12,5 +12,6 @@ mod common;
 mod commands;
 mod failover;
 mod migration;
+mod node_state;
 mod redis_py;
 mod reshard;

@@ -4,7 +4,7 @@
 
 use anyhow::{Context, Result, ensure};
 
-use crate::cluster::{Cluster, name_in};
+use crate::cluster::{Cluster, migrate_slot_keys, name_in};
 use crate::common::{Conn, KINDS, Value, applied};
 
 fn first_word(v: &Value) -> String {
@@ -131,29 +131,9 @@ fn half_migrated(cluster: &Cluster) -> Result<()> {
 
     ensure!(client.redirects.tryagain > 0, "{:?}", client.redirects);
     client.attempts = 400;
-    if cluster.kind == crate::common::Kind::Valkey {
-        return abort_move(cluster, &mut on_a, &mut on_b, slot, &scopes, &lock, &token);
-    }
-    // Finish the move: the rest of the slot's keys, then the slot. Valkey 8
-    // files a key the module writes outside the command's slot (the
-    // node-wide `fencecheck:lineage`) under the command's slot, where
-    // GETKEYSINSLOT lists it and MIGRATE cannot find it (NOKEY): such keys
-    // stay behind (docs/redis.md, Cluster).
-    loop {
-        let keys = on_a.ok(&["CLUSTER", "GETKEYSINSLOT", &slot.to_string(), "100"])?;
-        let movable: Vec<&[u8]> = keys
-            .items()
-            .iter()
-            .filter_map(Value::bytes)
-            .filter(|k| fencecheck_redis::slot(k) == slot)
-            .collect();
-        if movable.is_empty() {
-            break;
-        }
-        for k in movable {
-            migrate(&mut on_a, b.port, k)?;
-        }
-    }
+    // Finish the move: the rest of the slot's keys (the slot's lineage and
+    // floor among them), then the slot.
+    migrate_slot_keys(a.port, b.port, slot)?;
     for m in &masters {
         Conn::connect(m.port)?.ok(&["CLUSTER", "SETSLOT", &slot.to_string(), "NODE", &b.id])?;
     }
@@ -170,51 +150,6 @@ fn half_migrated(cluster: &Cluster) -> Result<()> {
     let renewed = client.ok(
         lock.as_bytes(),
         &["FENCE.RENEW", &lock, "a7", &token, "600000"],
-    )?;
-    ensure!(
-        renewed.items().first() == Some(&Value::Simple("renewed".into())),
-        "{renewed:?}"
-    );
-    Ok(())
-}
-
-/// Valkey 8 files `fencecheck:lineage`, written by the first FENCE.ACQUIRE
-/// in this slot, under the slot, so the slot cannot be handed over
-/// (`SETSLOT NODE`: "still hold keys"); a known defect (docs/redis.md,
-/// Cluster). The migration is rolled back instead: the moved keys back,
-/// the slot stable, and the marks and the lease as they were.
-fn abort_move(
-    cluster: &Cluster,
-    on_a: &mut Conn,
-    on_b: &mut Conn,
-    slot: u16,
-    scopes: &[String],
-    lock: &str,
-    token: &str,
-) -> Result<()> {
-    let a_port = cluster.masters()?[0].port;
-    on_a.ok(&["CLUSTER", "SETSLOT", &slot.to_string(), "STABLE"])?;
-    let keys = on_b.ok(&["CLUSTER", "GETKEYSINSLOT", &slot.to_string(), "100"])?;
-    for k in keys.items().iter().filter_map(Value::bytes) {
-        migrate(on_b, a_port, k)?;
-    }
-    on_b.ok(&["CLUSTER", "SETSLOT", &slot.to_string(), "STABLE"])?;
-    let mut client = cluster.client()?;
-    for s in scopes {
-        let r = client.cmd(s.as_bytes(), &["FENCE.SET", s, "0.4", "stale"])?;
-        ensure!(
-            first_word(&r) == "STALEFENCE",
-            "{s} after the rollback: {r:?}"
-        );
-    }
-    let busy = client.ok(lock.as_bytes(), &["FENCE.ACQUIRE", lock, "b9", "600000"])?;
-    ensure!(
-        busy.items().first() == Some(&Value::Simple("busy".into())),
-        "{busy:?}"
-    );
-    let renewed = client.ok(
-        lock.as_bytes(),
-        &["FENCE.RENEW", lock, "a7", token, "600000"],
     )?;
     ensure!(
         renewed.items().first() == Some(&Value::Simple("renewed".into())),

@@ -523,6 +523,41 @@ impl ClusterClient {
     }
 }
 
+/// MIGRATE every key left in `slot` on the node on `from` to the node on
+/// `to`, as `redis-cli --cluster reshard` does before it hands the slot
+/// over (the module's per-slot lineage and floor among them); any key that
+/// does not move is an error.
+pub fn migrate_slot_keys(from: u16, to: u16, slot: u16) -> Result<()> {
+    let mut src = Conn::connect(from)?;
+    let (s, port) = (slot.to_string(), to.to_string());
+    for _ in 0..1000 {
+        let keys = src.ok(&["CLUSTER", "GETKEYSINSLOT", &s, "100"])?;
+        if keys.items().is_empty() {
+            return Ok(());
+        }
+        let mut args: Vec<&[u8]> = vec![
+            b"MIGRATE",
+            b"127.0.0.1",
+            port.as_bytes(),
+            b"",
+            b"0",
+            b"5000",
+            b"KEYS",
+        ];
+        args.extend(keys.items().iter().filter_map(Value::bytes));
+        let r = src.cmd(&args)?;
+        ensure!(
+            r == Value::Simple("OK".into()),
+            "MIGRATE {:?}: {r:?}",
+            keys.items()
+                .iter()
+                .filter_map(Value::text)
+                .collect::<Vec<_>>()
+        );
+    }
+    bail!("slot {slot} did not empty")
+}
+
 /// Names `prefix0`, `prefix1`, … until one lands in each slot range, in
 /// order: one name per shard.
 pub fn name_in(prefix: &str, ranges: &[(u16, u16)]) -> Result<String> {
