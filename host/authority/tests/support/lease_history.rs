@@ -98,6 +98,26 @@ pub fn account(
 /// Every state `lock`'s etcd key (default prefix) held, oldest first:
 /// walked back from the current value through each `mod_revision` (the
 /// test clusters never compact).
+/// One range read. A member just healed from a partition (or back from a
+/// pause) answers 503 to linearizable reads until it has caught up with
+/// the leader, after the cluster already agrees on one: wait for it
+/// (bounded), as any client would. Only the read of the history waits; the
+/// history itself is checked as read.
+fn read(http: &ureq::Agent, url: &str, body: &str) -> Result<serde_json::Value> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        match http.post(url).send(body) {
+            Ok(mut response) => {
+                return Ok(serde_json::from_slice(&response.body_mut().read_to_vec()?)?);
+            }
+            Err(ureq::Error::StatusCode(503)) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Err(e) => return Err(anyhow::Error::new(e).context(format!("POST {url}"))),
+        }
+    }
+}
+
 pub fn etcd_states(endpoint: &str, lock: &str) -> Result<Vec<(String, Vec<u8>)>> {
     let http: ureq::Agent = ureq::Agent::config_builder()
         .timeout_global(Some(Duration::from_secs(5)))
@@ -115,8 +135,7 @@ pub fn etcd_states(endpoint: &str, lock: &str) -> Result<Vec<(String, Vec<u8>)>>
     let mut versions = None;
     loop {
         let body = serde_json::json!({"key": key, "revision": revision.to_string()});
-        let mut response = http.post(&url).send(body.to_string())?;
-        let r: serde_json::Value = serde_json::from_slice(&response.body_mut().read_to_vec()?)?;
+        let r = read(&http, &url, &body.to_string())?;
         let Some(kv) = r.pointer("/kvs/0") else {
             ensure!(revision != 0, "the lock was never stored: {r}");
             break;
