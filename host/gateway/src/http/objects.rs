@@ -9,9 +9,7 @@
 
 use std::time::{Duration, Instant, SystemTime};
 
-use fencecheck::{
-    Decision, MAX_OP_ID_BYTES, Policy, Request, SignedCheckError, SignedOutcome, SignedTokenText,
-};
+use fencecheck::{Decision, MAX_OP_ID_BYTES, SignedCheckError, SignedOutcome, SignedTokenText};
 use fencecheck_sqlite::{ObjectId, Rejection};
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::proxy::Session;
@@ -101,24 +99,8 @@ fn write_request(req: &RequestHeader, key: &str) -> Result<Write, Reply> {
         if_match: tags("if-match")?,
         if_none_match: tags("if-none-match")?,
     };
-    // Guarded writes (op-id or a precondition, which becomes the expected
-    // version) may repeat a grant's token; an unguarded one may not
-    // (design §3 rules 6 and 7).
-    let policy = if op_id.is_some() || !conditions.is_empty() {
-        Policy::AllowEqual
-    } else {
-        Policy::Strict
-    };
-    let mut request = Request::new(key, presented.token, policy);
-    request.signature = presented.signature;
-    if let Some(op_id) = op_id {
-        request = request.with_op_id(op_id);
-    }
-    Ok(Write {
-        fence: token_text(request.token),
-        request,
-        conditions,
-    })
+    let guarded = !conditions.is_empty();
+    Ok(Write::new(key, presented, op_id, guarded, conditions))
 }
 
 /// The early check's verdict, if it stops the write: stale (it can never

@@ -5,10 +5,11 @@
 //! decides again in the same transaction ([`publish_fenced`]), and
 //! dropping an object that is not published ([`cleanup`]).
 
-use fencecheck::{Request, SignedOutcome};
+use fencecheck::{Policy, Request, SignedOutcome, SignedTokenText};
 use fencecheck_sqlite::{Fenced, ObjectId, Rejection};
 
 use super::conditional::WriteConditions;
+use super::reply::token_text;
 use super::{Core, Failure};
 use crate::store::{Head, Meta};
 
@@ -17,6 +18,36 @@ pub(crate) struct Write {
     pub(crate) request: Request,
     pub(crate) conditions: WriteConditions,
     pub(crate) fence: String,
+}
+
+impl Write {
+    /// The write a front asks for, on `scope` with the token it was
+    /// presented. Guarded writes (an op-id, or a precondition, which becomes
+    /// the expected version) may repeat a grant's token; an unguarded one
+    /// may not (design §3 rules 6 and 7).
+    pub(crate) fn new(
+        scope: &str,
+        presented: SignedTokenText,
+        op_id: Option<String>,
+        guarded: bool,
+        conditions: WriteConditions,
+    ) -> Write {
+        let policy = if op_id.is_some() || guarded {
+            Policy::AllowEqual
+        } else {
+            Policy::Strict
+        };
+        let mut request = Request::new(scope, presented.token, policy);
+        request.signature = presented.signature;
+        if let Some(op_id) = op_id {
+            request = request.with_op_id(op_id);
+        }
+        Write {
+            fence: token_text(request.token),
+            request,
+            conditions,
+        }
+    }
 }
 
 /// Decide early, without storing anything: the verdict, the key's head,

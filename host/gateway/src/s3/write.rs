@@ -9,7 +9,7 @@
 
 use std::collections::BTreeMap;
 
-use fencecheck::{Decision, MAX_OP_ID_BYTES, Policy, Request, SignedTokenText};
+use fencecheck::{Decision, MAX_OP_ID_BYTES, SignedTokenText};
 use fencecheck_sqlite::ObjectId;
 use http::{HeaderMap, StatusCode};
 use s3s::dto::{
@@ -321,21 +321,13 @@ pub(super) fn write_request(
             ));
         }
     };
-    let policy = if op_id.is_some() || guarded {
-        Policy::AllowEqual
-    } else {
-        Policy::Strict
-    };
-    let mut request = Request::new(scope, presented.token, policy);
-    request.signature = presented.signature;
-    if let Some(op_id) = op_id {
-        request = request.with_op_id(op_id);
-    }
-    Ok(Write {
-        fence: token_text(request.token),
-        request,
-        conditions: WriteConditions::default(),
-    })
+    Ok(Write::new(
+        scope,
+        presented,
+        op_id,
+        guarded,
+        WriteConditions::default(),
+    ))
 }
 
 pub(super) fn content_type(value: Option<String>) -> S3Result<String> {
