@@ -467,17 +467,18 @@ fn between<'a>(text: &'a str, open: &str, close: &str) -> Option<&'a str> {
     Some(&text[start..end])
 }
 
-/// The newest blob file (the one the last write made).
-fn newest_blob(data: &Path) -> anyhow::Result<PathBuf> {
-    let mut newest: Option<(std::time::SystemTime, PathBuf)> = None;
+/// The one blob file holding exactly `body` (by content: modification
+/// times tie within the clock's granularity when writes come fast).
+fn blob_holding(data: &Path, body: &[u8]) -> anyhow::Result<PathBuf> {
+    let mut found = Vec::new();
     for entry in std::fs::read_dir(data.join("blobs"))? {
-        let entry = entry?;
-        let modified = entry.metadata()?.modified()?;
-        if newest.as_ref().is_none_or(|(t, _)| modified >= *t) {
-            newest = Some((modified, entry.path()));
+        let path = entry?.path();
+        if std::fs::read(&path)? == body {
+            found.push(path);
         }
     }
-    Ok(newest.context("no blob")?.1)
+    ensure!(found.len() == 1, "blobs holding {body:?}: {found:?}");
+    Ok(found.remove(0))
 }
 
 /// The S3 front's error codes, each provoked.
@@ -649,7 +650,7 @@ fn walk_s3(gw: &Gateway, walk: &mut Walk) -> anyhow::Result<()> {
 
     // The visible object's blob removed behind the gateway's back.
     ensure!(put("/reports/lost", "0.1", b"lost").send(gw)?.status == 200);
-    std::fs::remove_file(newest_blob(&gw.data)?)?;
+    std::fs::remove_file(blob_holding(&gw.data, b"lost")?)?;
     let r = S3Req::new("GET", "/reports/lost").send(gw)?;
     walk.s3("InternalError", 500, &r, false)?;
 
@@ -779,7 +780,7 @@ fn walk_problems(gw: &Gateway, walk: &mut Walk) -> anyhow::Result<()> {
 
     // The visible object's blob removed behind the gateway's back.
     ensure!(put("/objects/o/lost", "0.1", b"lost")?.status == 201);
-    std::fs::remove_file(newest_blob(&gw.data)?)?;
+    std::fs::remove_file(blob_holding(&gw.data, b"lost")?)?;
     let r = gw.request("GET", "/objects/o/lost", &[], b"")?;
     walk.problem("blob-missing", 500, &r, false)?;
 
