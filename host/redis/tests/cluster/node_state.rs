@@ -15,8 +15,8 @@
 
 use anyhow::{Context, Result, ensure};
 
-use crate::cluster::{Cluster, NodeLine, migrate_slot_keys, name_in};
-use crate::common::{Conn, KINDS, Kind, Options, Server, Value};
+use crate::cluster::{Cluster, NodeLine, migrate_slot_keys, name_in, node_options};
+use crate::common::{Conn, KINDS, Kind, Server, Value};
 
 /// The floor FENCE.RESTORE is given: far above any epoch a lock could
 /// have reached in the test.
@@ -303,13 +303,7 @@ fn node_state_survives_restart() -> Result<()> {
 }
 
 fn restart(kind: Kind, aof: bool) -> Result<()> {
-    let bus = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
-    let options = Options::module()
-        .with("cluster-enabled", "yes")
-        .with("cluster-config-file", "nodes.conf")
-        .with("cluster-port", &bus.to_string())
+    let options = node_options()?
         .with("appendonly", if aof { "yes" } else { "no" })
         .with("appendfsync", "always");
     let mut server = Server::start(kind, options.clone())?;

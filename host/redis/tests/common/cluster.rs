@@ -284,18 +284,24 @@ impl Cluster {
     }
 }
 
+/// A cluster node's options: the module, cluster mode, and a free port for
+/// the cluster bus (`cluster-port`, Redis 7.0+).
+pub fn node_options() -> Result<Options> {
+    let bus = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    Ok(Options::module()
+        .with("cluster-enabled", "yes")
+        .with("cluster-config-file", "nodes.conf")
+        .with("cluster-port", &bus.to_string()))
+}
+
 fn start_node(kind: Kind) -> Result<Server> {
     let mut last = None;
     // The bus port is a second free port (`cluster-port`, Redis 7.0+): a
     // clash fails the start, so try again with another.
     for _ in 0..5 {
-        let bus = std::net::TcpListener::bind("127.0.0.1:0")?
-            .local_addr()?
-            .port();
-        let options = Options::module()
-            .with("cluster-enabled", "yes")
-            .with("cluster-config-file", "nodes.conf")
-            .with("cluster-port", &bus.to_string())
+        let options = node_options()?
             // Failure detection in about a second (the tests kill masters).
             .with("cluster-node-timeout", "1000")
             .with("repl-diskless-sync-delay", "0")
