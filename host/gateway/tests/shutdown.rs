@@ -119,6 +119,7 @@ fn slow_put_then_exit(extra: &[&str]) -> anyhow::Result<String> {
         Some(2 * half.len()),
     )?;
     open.send(&half)?;
+    in_flight(&gw)?;
     signal(&gw, "TERM")?;
     logged(&log, "SIGTERM: draining")?;
     refused(&gw)?;
@@ -146,6 +147,21 @@ fn slow_put_then_exit(extra: &[&str]) -> anyhow::Result<String> {
         got.status
     );
     Ok(text)
+}
+
+/// Wait (bounded) until the gateway has accepted the open connection: the
+/// gauge counts it and this probe. A connection still in the kernel's
+/// backlog at SIGTERM is dropped with the listener, never in flight.
+fn in_flight(gw: &Gateway) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while gw.metric("fencecheck_gateway_connections")? != Some(2.0) {
+        ensure!(
+            Instant::now() < deadline,
+            "the PUT's connection was not accepted"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
 }
 
 fn pg_url(server: &PgServer) -> String {
