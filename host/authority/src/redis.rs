@@ -413,6 +413,11 @@ fn parse_slots(
 }
 
 const LINEAGE_KEY: &str = "fencecheck:lineage";
+/// In a cluster the module keeps a lineage per slot, `fencecheck:lineage:{T}`
+/// (T: the smallest number hashing to the slot). "0" is the smallest of
+/// all, so this is the lineage of slot("0")'s locks, read and made as the
+/// module does; there is no node-wide lineage to report.
+const CLUSTER_LINEAGE_KEY: &str = "fencecheck:lineage:{0}";
 
 impl RedisCoordinator {
     /// Connect to `redis://[[user]:password@]host:port`, check that the
@@ -426,7 +431,7 @@ impl RedisCoordinator {
         if let Reply::Error(e) = conn.call(&["SET", LINEAGE_KEY, &fresh, "NX"])? {
             return Err(not_cluster(&e));
         }
-        let authority = lineage(conn.call(&["GET", LINEAGE_KEY])?)?;
+        let authority = lineage(LINEAGE_KEY, conn.call(&["GET", LINEAGE_KEY])?)?;
         Ok(RedisCoordinator {
             target,
             authority,
@@ -439,12 +444,14 @@ impl RedisCoordinator {
     /// Connect to a Redis Cluster or Valkey cluster through `seeds` (any
     /// of its nodes, masters or replicas, as `redis://…` URLs sharing one
     /// user and password): read the slot map from the first seed that
-    /// answers, check that every master loads the module, and read the
-    /// lineage on the master of `fencecheck:lineage`'s slot ([`authority`]).
+    /// answers, check that every master loads the module, and read (or
+    /// make) the lineage of one slot, `fencecheck:lineage:{0}`
+    /// ([`authority`]).
     ///
-    /// Every master mints its own lineage, so a grant carries the lineage
-    /// of the master that first granted its lock; a lock keeps it when its
-    /// slot moves. [`restore`] raises every master's epoch floor.
+    /// The module keeps a lineage per slot (docs/redis.md), so a grant
+    /// carries the lineage of its lock's slot, and a lock keeps it when
+    /// its slot moves; [`authority`] is the lineage of slot("0")'s locks.
+    /// [`restore`] raises every master's epoch floor.
     ///
     /// [`authority`]: Coordinator::authority
     /// [`restore`]: Coordinator::restore
@@ -475,12 +482,15 @@ impl RedisCoordinator {
             check_module(routes.call_on(&master, &["COMMAND", "INFO", "fence.acquire"])?)
                 .map_err(|e| redis_err(format!("master {master}: {e}")))?;
         }
-        let at = slot(LINEAGE_KEY.as_bytes());
+        let at = slot(CLUSTER_LINEAGE_KEY.as_bytes());
         let fresh = crate::sqlite::fresh_authority().to_string();
-        if let Reply::Error(e) = routes.call(at, &["SET", LINEAGE_KEY, &fresh, "NX"])? {
+        if let Reply::Error(e) = routes.call(at, &["SET", CLUSTER_LINEAGE_KEY, &fresh, "NX"])? {
             return Err(redis_err(e));
         }
-        let authority = lineage(routes.call(at, &["GET", LINEAGE_KEY])?)?;
+        let authority = lineage(
+            CLUSTER_LINEAGE_KEY,
+            routes.call(at, &["GET", CLUSTER_LINEAGE_KEY])?,
+        )?;
         Ok(RedisCoordinator {
             target: Target {
                 address: target.address.clone(),
@@ -562,14 +572,14 @@ fn check_module(reply: Reply) -> Result<(), AuthorityError> {
     }
 }
 
-fn lineage(reply: Reply) -> Result<u64, AuthorityError> {
+fn lineage(key: &str, reply: Reply) -> Result<u64, AuthorityError> {
     match reply {
         Reply::Bulk(Some(b)) => std::str::from_utf8(&b)
             .ok()
             .filter(|s| !s.starts_with('0') || *s == "0")
             .and_then(|s| s.parse::<u64>().ok())
-            .ok_or_else(|| redis_err(format!("{LINEAGE_KEY} is not a canonical u64"))),
-        other => Err(redis_err(format!("reading {LINEAGE_KEY}: {other:?}"))),
+            .ok_or_else(|| redis_err(format!("{key} is not a canonical u64"))),
+        other => Err(redis_err(format!("reading {key}: {other:?}"))),
     }
 }
 

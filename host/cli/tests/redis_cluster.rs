@@ -69,7 +69,9 @@ fn fencecheck(args: &[&str]) -> Result<Output> {
 /// Seeded with one replica only, the coordinator acquires, renews and
 /// releases a lock on every shard, each lock's state on its slot's master;
 /// another lease is busy, the next grant's token is above the first, and
-/// the token fences a scope on that shard through a cluster client.
+/// the token fences a scope on that shard through a cluster client. The
+/// coordinator's authority is the lineage the module grants under in
+/// slot("0") (a lock named `0`'s tokens carry it).
 #[test]
 fn coordinator_on_every_shard() -> Result<()> {
     for kind in KINDS {
@@ -118,6 +120,13 @@ fn every_shard(cluster: &Cluster) -> Result<()> {
             "{stale:?}"
         );
     }
+    let zero = grant(&coordinator, "0", "a7")?;
+    ensure!(
+        zero.token.authority == coordinator.authority(),
+        "{:?} vs authority {}",
+        zero.token,
+        coordinator.authority()
+    );
     Ok(())
 }
 

@@ -14,8 +14,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use fencecheck::{
-    AcquireRequest, Checker, GrantKey, Instance, KeysText, LeaseError, ReleaseRequest,
-    RenewRequest, Request, Runtime, SignedTokenText, Token,
+    AcquireRequest, Checker, Instance, LeaseError, ReleaseRequest, RenewRequest, Request, Runtime,
+    SignedTokenText, Token,
 };
 use redis_module::{
     CallOptionResp, CallOptions, CallOptionsBuilder, CallReply, CallResult, Context, ContextFlags,
@@ -26,6 +26,7 @@ use crate::ffi;
 use crate::keys;
 use crate::rules::{self, Refusal, Verdict};
 use crate::signals::{self, Operation};
+use crate::signing::{self, fence_keys};
 
 static RUNTIME: OnceLock<Runtime> = OnceLock::new();
 static INSTANCE: Mutex<Option<Instance>> = Mutex::new(None);
@@ -128,7 +129,7 @@ fn guarded(ctx: &Context, args: &[RedisString], handler: Handler) -> RedisResult
     Ok(RedisValue::NoReply)
 }
 
-fn with_guest<T>(
+pub(crate) fn with_guest<T>(
     f: impl FnOnce(&mut Instance) -> Result<T, fencecheck::Error>,
 ) -> Result<T, Refusal> {
     let mut slot = match INSTANCE.lock() {
@@ -148,7 +149,7 @@ fn with_guest<T>(
     f(guest).map_err(|e| rules::runtime_error(&e))
 }
 
-fn arity(args: &[RedisString], min: usize) -> Result<(), Refusal> {
+pub(crate) fn arity(args: &[RedisString], min: usize) -> Result<(), Refusal> {
     if args.len() < min {
         let name = args
             .first()
@@ -161,12 +162,12 @@ fn arity(args: &[RedisString], min: usize) -> Result<(), Refusal> {
     Ok(())
 }
 
-fn bytes(args: &[RedisString]) -> Vec<&[u8]> {
+pub(crate) fn bytes(args: &[RedisString]) -> Vec<&[u8]> {
     args.iter().map(|a| a.as_slice()).collect()
 }
 
 /// A string key's bytes; `None` if absent; WRONGTYPE for any other type.
-fn read_string(ctx: &Context, key: &[u8]) -> Result<Option<Vec<u8>>, Refusal> {
+pub(crate) fn read_string(ctx: &Context, key: &[u8]) -> Result<Option<Vec<u8>>, Refusal> {
     // From the bytes: key names may hold NUL (Context::create_string panics on one).
     let name = RedisString::create_from_slice(ctx.get_raw(), key);
     let handle = ctx.open_key(&name);
@@ -186,7 +187,7 @@ fn read_string(ctx: &Context, key: &[u8]) -> Result<Option<Vec<u8>>, Refusal> {
     }
 }
 
-fn replicated() -> CallOptions {
+pub(crate) fn replicated() -> CallOptions {
     CallOptionsBuilder::new()
         .replicate()
         .errors_as_replies()
@@ -197,7 +198,7 @@ fn replicated() -> CallOptions {
 /// Set a string key and replicate it as `SET key value` (the replication
 /// stream and the AOF see exactly that, after whatever the command
 /// propagated before, in one MULTI/EXEC).
-fn store(ctx: &Context, key: &[u8], value: &[u8]) -> Result<(), Refusal> {
+pub(crate) fn store(ctx: &Context, key: &[u8], value: &[u8]) -> Result<(), Refusal> {
     ffi::set_string(ctx, key, value)
         .map_err(|e| Refusal::new("FENCERUNTIME", format!("storing a key: {e}")))?;
     ctx.replicate("SET", &[key, value]);
@@ -215,56 +216,6 @@ fn scope_key(scope: &[u8]) -> Result<Vec<u8>, Refusal> {
     })
 }
 
-/// The scope's keys when it requires signed tokens: the set stored under
-/// the longest prefix in `fencecheck:signing-keys` that starts the scope.
-fn scope_signing_keys(ctx: &Context, scope: &[u8]) -> Result<Option<Vec<GrantKey>>, Refusal> {
-    // Checked on every call, never cached (a stale cache could let an
-    // unsigned token through a scope that requires signing): absent is
-    // the common case, and answered without opening the key.
-    if ffi::key_exists(ctx, keys::SIGNING_KEYS_KEY.as_bytes()) == Some(false) {
-        return Ok(None);
-    }
-    let name = RedisString::create_from_slice(ctx.get_raw(), keys::SIGNING_KEYS_KEY.as_bytes());
-    match ctx.open_key(&name).key_type() {
-        KeyType::Empty => return Ok(None),
-        KeyType::Hash => {}
-        _ => {
-            return Err(Refusal::new(
-                "INVALIDKEYS",
-                format!("{} is not a hash", keys::SIGNING_KEYS_KEY),
-            ));
-        }
-    }
-    let all: CallResult = ctx.call_ext(
-        "HGETALL",
-        &CallOptionsBuilder::new().errors_as_replies().build(),
-        &[keys::SIGNING_KEYS_KEY.as_bytes()],
-    );
-    let Ok(CallReply::Array(items)) = all else {
-        return Err(Refusal::new("FENCERUNTIME", "reading the signing keys"));
-    };
-    let flat: Vec<Vec<u8>> = items
-        .iter()
-        .map(|item| match item {
-            Ok(CallReply::String(s)) => s.as_bytes().to_vec(),
-            _ => Vec::new(),
-        })
-        .collect();
-    let mut best: Option<(&[u8], &[u8])> = None;
-    for pair in flat.chunks(2) {
-        if let [prefix, set] = pair
-            && scope.starts_with(prefix)
-            && best.is_none_or(|(p, _)| p.len() < prefix.len())
-        {
-            best = Some((prefix, set));
-        }
-    }
-    let Some((_, set)) = best else {
-        return Ok(None);
-    };
-    rules::key_set(set).map(Some)
-}
-
 /// Read the scope's state and decide: the shared first half of every
 /// fenced command. The presented token, once parsed, is left in `seen`
 /// (for the metrics' epoch label, so it is parsed once).
@@ -275,16 +226,53 @@ fn decide(
     options: &[&[u8]],
     data: &[&[u8]],
     seen: &mut Option<Token>,
-) -> Result<(Vec<u8>, Verdict), Refusal> {
+) -> Result<Decided, Refusal> {
     let state_key = scope_key(scope)?;
     let (opts, _) = rules::options(options, &[])?;
     let request: Request = rules::request(scope, token, opts)?;
     *seen = Some(request.token);
-    settled(ctx, &state_key, data)?;
+    let cluster = ctx.get_flags().contains(ContextFlags::CLUSTER);
+    let table = signing::table_key(cluster, &state_key);
+    match &table {
+        // The slot's signing table is part of the decision: mid-move, the
+        // node that has the state but not the table must not decide.
+        Some(table) => {
+            let mut all = Vec::with_capacity(data.len() + 1);
+            all.extend_from_slice(data);
+            all.push(table.as_slice());
+            settled(ctx, &state_key, &all)?;
+        }
+        None => settled(ctx, &state_key, data)?,
+    }
     let state = read_string(ctx, &state_key)?;
-    let keys = scope_signing_keys(ctx, scope)?;
+    let keys = signing::scope_keys(ctx, scope, table.as_deref())?;
     let outcome = with_guest(|g| g.decide(state.as_deref(), &request, keys.as_deref()))?;
-    Ok((state_key, rules::verdict(outcome)?))
+    let unmarked = table.filter(|t| !signing::marked(ctx, t));
+    Ok(Decided {
+        state_key,
+        verdict: rules::verdict(outcome)?,
+        unmarked,
+    })
+}
+
+/// A fenced command's decision, before its write.
+struct Decided {
+    state_key: Vec<u8>,
+    verdict: Verdict,
+    /// In a cluster, the slot's signing table when the slot has none yet:
+    /// the write that applies gives it one ([`signing::mark`]).
+    unmarked: Option<Vec<u8>>,
+}
+
+impl Decided {
+    /// Before an applied write: give the slot its table if it lacks one
+    /// (first, so a failure leaves nothing written).
+    fn mark(&self, ctx: &Context) -> Result<(), Refusal> {
+        match &self.unmarked {
+            Some(table) => signing::mark(ctx, table),
+            None => Ok(()),
+        }
+    }
 }
 
 /// In a cluster, while a slot moves (MIGRATING on this node, or IMPORTING
@@ -384,15 +372,16 @@ fn decided_set(
 ) -> Result<RedisValue, Refusal> {
     let a = bytes(args);
     data_key(a[1])?;
-    let (state_key, verdict) = decide(ctx, a[1], a[2], &a[4..], &[a[1]], seen)?;
-    match verdict {
-        Verdict::Duplicate { version } => Ok(duplicate(version)),
+    let decided = decide(ctx, a[1], a[2], &a[4..], &[a[1]], seen)?;
+    match &decided.verdict {
+        Verdict::Duplicate { version } => Ok(duplicate(*version)),
         Verdict::Apply { version, state } => {
             // Both keys, replicated as ONE command (MSET), which replicas
             // and the AOF apply atomically without a MULTI/EXEC wrapper.
-            ffi::set_pair(ctx, &args[1], &args[3], &state_key, &state)
+            decided.mark(ctx)?;
+            ffi::set_pair(ctx, &args[1], &args[3], &decided.state_key, state)
                 .map_err(|e| Refusal::new("FENCERUNTIME", format!("storing a key: {e}")))?;
-            Ok(applied(version))
+            Ok(applied(*version))
         }
     }
 }
@@ -406,16 +395,17 @@ fn decided_del(
 ) -> Result<RedisValue, Refusal> {
     let a = bytes(args);
     data_key(a[1])?;
-    let (state_key, verdict) = decide(ctx, a[1], a[2], &a[3..], &[a[1]], seen)?;
-    match verdict {
-        Verdict::Duplicate { version } => Ok(duplicate(version)),
+    let decided = decide(ctx, a[1], a[2], &a[3..], &[a[1]], seen)?;
+    match &decided.verdict {
+        Verdict::Duplicate { version } => Ok(duplicate(*version)),
         Verdict::Apply { version, state } => {
+            decided.mark(ctx)?;
             let result: CallResult = ctx.call_ext("DEL", &replicated(), &[a[1]]);
             if let Err(e) = result {
                 return Err(Refusal(e.to_string()));
             }
-            store(ctx, &state_key, &state)?;
-            Ok(applied(version))
+            store(ctx, &decided.state_key, state)?;
+            Ok(applied(*version))
         }
     }
 }
@@ -427,7 +417,7 @@ fn decided_check(
     seen: &mut Option<Token>,
 ) -> Result<RedisValue, Refusal> {
     let a = bytes(args);
-    let (_, verdict) = decide(ctx, a[1], a[2], &a[3..], &[], seen)?;
+    let verdict = decide(ctx, a[1], a[2], &a[3..], &[], seen)?.verdict;
     Ok(match verdict {
         Verdict::Apply { version, .. } => applied(version),
         Verdict::Duplicate { version } => duplicate(version),
@@ -592,10 +582,11 @@ fn decided_exec(
             ));
         }
     }
-    let (state_key, verdict) = decide(ctx, head[1], head[2], &head[3..], &data, seen)?;
-    match verdict {
-        Verdict::Duplicate { version } => Ok(duplicate(version)),
+    let decided = decide(ctx, head[1], head[2], &head[3..], &data, seen)?;
+    match &decided.verdict {
+        Verdict::Duplicate { version } => Ok(duplicate(*version)),
         Verdict::Apply { version, state } => {
+            decided.mark(ctx)?;
             // As the calling user (ACL), in script mode (no deny-script
             // commands, min-replicas and disk-error checks), replicated.
             let opts = CallOptionsBuilder::new()
@@ -612,10 +603,10 @@ fn decided_exec(
                 Ok(reply) => value(reply),
                 Err(e) => return Err(Refusal(e.to_string())),
             };
-            store(ctx, &state_key, &state)?;
+            store(ctx, &decided.state_key, state)?;
             Ok(RedisValue::Array(vec![
                 RedisValue::SimpleStringStatic("applied"),
-                int(version),
+                int(*version),
                 reply,
             ]))
         }
@@ -722,20 +713,6 @@ fn lock_key(lock: &[u8]) -> Result<Vec<u8>, Refusal> {
     keys::lease_key(lock).map_err(|_| Refusal::syntax("a lock name with '}' needs a hash tag"))
 }
 
-/// The grant's signing key, if the authority signs (`fencecheck:grant-key`).
-fn grant_key(ctx: &Context) -> Result<Option<GrantKey>, Refusal> {
-    let Some(text) = read_string(ctx, keys::GRANT_KEY_KEY.as_bytes())? else {
-        return Ok(None);
-    };
-    let text = std::str::from_utf8(&text)
-        .map_err(|_| Refusal::new("INVALIDKEYS", "the grant key is not text"))?;
-    let key = text
-        .parse::<KeysText>()
-        .and_then(|k| k.signing_key())
-        .map_err(|_| Refusal::new("INVALIDKEYS", "the grant key is not one ID:HEX"))?;
-    Ok(Some(key))
-}
-
 /// `FENCE.ACQUIRE lock lease-id ttl-ms`: the component's lease rules on the
 /// lock's lease state; the token is minted in the same step.
 fn fence_acquire(ctx: &Context, args: &[RedisString]) -> Result<RedisValue, Refusal> {
@@ -746,10 +723,14 @@ fn fence_acquire(ctx: &Context, args: &[RedisString]) -> Result<RedisValue, Refu
     let (lineage_key, floor_key) = lineage_keys(cluster, &key);
     // In a cluster the slot's lineage and floor are part of the decision:
     // mid-move, a node that lacks them must not decide from nothing.
-    let slot_keys: Vec<&[u8]> = if cluster {
-        vec![lineage_key.as_slice(), floor_key.as_slice()]
-    } else {
-        Vec::new()
+    let table = signing::table_key(cluster, &key);
+    let slot_keys: Vec<&[u8]> = match &table {
+        Some(table) => vec![
+            lineage_key.as_slice(),
+            floor_key.as_slice(),
+            table.as_slice(),
+        ],
+        None => Vec::new(),
     };
     settled(ctx, &key, &slot_keys)?;
     let lock = rules::text("lock", a[1])?;
@@ -772,7 +753,8 @@ fn fence_acquire(ctx: &Context, args: &[RedisString]) -> Result<RedisValue, Refu
         now,
         ttl,
     };
-    let signing = grant_key(ctx)?;
+    let signing = signing::grant_key(ctx, table.as_deref())?;
+    let unmarked = table.filter(|t| !signing::marked(ctx, t));
     let mut decided = with_guest(|g| g.acquire(state.as_deref(), &request))?;
     // A lock's state pins the authority it was first granted under. In a
     // cluster the slot's lineage moves with the lock, but a lock granted by
@@ -803,6 +785,9 @@ fn fence_acquire(ctx: &Context, args: &[RedisString]) -> Result<RedisValue, Refu
                     .to_string()
                 }
             };
+            if let Some(table) = &unmarked {
+                signing::mark(ctx, table)?;
+            }
             if new_lineage {
                 store(ctx, &lineage_key, request.authority.to_string().as_bytes())?;
             }
@@ -982,6 +967,7 @@ fn fence_restore(ctx: &Context, args: &[RedisString]) -> Result<RedisValue, Refu
             store(ctx, &lineage_key, lineage.as_bytes())?;
         }
         store(ctx, &keys::slot_floor_key(slot), text.as_bytes())?;
+        signing::mark(ctx, &keys::slot_signing_key(slot))?;
     }
     Ok(restored(next))
 }
@@ -993,7 +979,7 @@ fn restored(floor: u64) -> RedisValue {
 /// The slots this cluster node serves (its `myself` line of `CLUSTER
 /// NODES`); `-TRYAGAIN` while one of them is being moved in or out, when
 /// its keys may be on either node.
-fn served_slots(ctx: &Context) -> Result<Vec<u16>, Refusal> {
+pub(crate) fn served_slots(ctx: &Context) -> Result<Vec<u16>, Refusal> {
     let nodes: CallResult = ctx.call_ext(
         "CLUSTER",
         &CallOptionsBuilder::new().errors_as_replies().build(),
@@ -1070,6 +1056,7 @@ entry_points! {
     renew => fence_renew,
     release => fence_release,
     restore => fence_restore,
+    keys => fence_keys,
     version => fence_version,
     metrics => fence_metrics,
 }

@@ -19,7 +19,14 @@ pub const FLOOR_KEY: &str = "fencecheck:epoch-floor";
 pub const SIGNING_KEYS_KEY: &str = "fencecheck:signing-keys";
 
 /// The authority's own signing key (`ID:HEX`), if grants are signed.
+/// Outside a cluster only, as [`SIGNING_KEYS_KEY`]: see [`slot_signing_key`].
 pub const GRANT_KEY_KEY: &str = "fencecheck:grant-key";
+
+/// The field of a slot's signing table ([`slot_signing_key`]) that holds
+/// the grant key (`ID:HEX`, or empty when grants are not signed). Present
+/// in every table, so a table always exists once written; it can never
+/// be a scope prefix (scopes starting with `fencecheck:` are refused).
+pub const GRANT_FIELD: &str = "fencecheck:grant-key";
 
 /// In a cluster, the lineage of the locks of `slot`: `fencecheck:lineage:{T}`
 /// where `T` is the slot's tag ([`slot_tag`]), so the key is in that slot.
@@ -39,6 +46,15 @@ pub fn slot_lineage_key(slot: u16) -> Vec<u8> {
 /// `fencecheck:epoch-floor:{T}` (see [`slot_lineage_key`]).
 pub fn slot_floor_key(slot: u16) -> Vec<u8> {
     slot_key(b"fencecheck:epoch-floor:", slot)
+}
+
+/// In a cluster, the signing table of `slot`: `fencecheck:signing-keys:{T}`,
+/// a hash holding [`GRANT_FIELD`] and, for each scope prefix that requires
+/// signed tokens, prefix → key set (as [`SIGNING_KEYS_KEY`] holds them
+/// outside a cluster). Kept per slot for the reasons of
+/// [`slot_lineage_key`]: it moves with its slot's scopes and locks.
+pub fn slot_signing_key(slot: u16) -> Vec<u8> {
+    slot_key(b"fencecheck:signing-keys:", slot)
 }
 
 fn slot_key(kind: &[u8], slot: u16) -> Vec<u8> {
@@ -245,7 +261,7 @@ mod tests {
         for s in 0..16384u16 {
             let tag = slot_tag(s);
             assert_ne!(tag, u32::MAX.to_string(), "slot {s} has no tag");
-            for key in [slot_lineage_key(s), slot_floor_key(s)] {
+            for key in [slot_lineage_key(s), slot_floor_key(s), slot_signing_key(s)] {
                 assert_eq!(slot(&key), s, "{key:?}");
                 assert!(reserved(&key));
                 assert!(

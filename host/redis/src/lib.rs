@@ -21,6 +21,10 @@
 //! - Leases in the same server: `FENCE.ACQUIRE lock lease-id ttl-ms`,
 //!   `FENCE.RENEW lock lease-id token ttl-ms`, `FENCE.RELEASE lock lease-id
 //!   token`, `FENCE.RESTORE [at-least]`.
+//! - Signed tokens (`signing`): `FENCE.KEYS REQUIRE prefix ID:HEX[,…] |
+//!   DROP prefix | GRANT ID:HEX|OFF | LIST` sets which scopes require them
+//!   and the key grants are signed with: node-wide keys on a standalone
+//!   server, a table per slot in a cluster (`fencecheck:signing-keys:{T}`).
 //! - State keys (`keys`): `fencecheck:{scope}` (or `fencecheck:{tag}:scope`
 //!   for a scope with a hash tag), always in the slot of the scope; in a
 //!   cluster the lineage and the epoch floor are kept per slot too
@@ -53,10 +57,11 @@ mod ffi;
 mod keys;
 mod rules;
 mod signals;
+mod signing;
 
 pub use keys::{
-    FLOOR_KEY, GRANT_KEY_KEY, LINEAGE_KEY, NoSlotKey, SIGNING_KEYS_KEY, fence_key, lease_key, slot,
-    slot_floor_key, slot_lineage_key,
+    FLOOR_KEY, GRANT_FIELD, GRANT_KEY_KEY, LINEAGE_KEY, NoSlotKey, SIGNING_KEYS_KEY, fence_key,
+    lease_key, slot, slot_floor_key, slot_lineage_key, slot_signing_key,
 };
 
 mod module {
@@ -67,8 +72,8 @@ mod module {
 
     use crate::commands;
 
-    // Empty ACL category strings: Redis 7.0 has no RM_SetCommandACLCategories,
-    // and the crate then skips it.
+    // ACL categories: Redis 7.0 has no RM_SetCommandACLCategories, and the
+    // crate then skips them (module commands there have none).
     redis_module! {
         name: "fencecheck",
         version: 1,
@@ -85,6 +90,9 @@ mod module {
             ["fence.renew", commands::renew, "write deny-oom", 1, 1, 1, ""],
             ["fence.release", commands::release, "write", 1, 1, 1, ""],
             ["fence.restore", commands::restore, "write", 0, 0, 0, ""],
+            // @admin and @dangerous where the server can say so (Redis
+            // 7.2+, Valkey); on Redis 7.0 an ACL names it to deny it.
+            ["fence.keys", commands::keys, "write deny-oom admin", 0, 0, 0, "", "admin dangerous"],
             ["fence.version", commands::version, "readonly fast", 0, 0, 0, ""],
             ["fence.metrics", commands::metrics, "readonly fast", 0, 0, 0, ""],
         ],

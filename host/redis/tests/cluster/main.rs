@@ -15,3 +15,4 @@ mod migration;
 mod node_state;
 mod redis_py;
 mod reshard;
+mod signing;

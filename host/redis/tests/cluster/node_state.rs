@@ -6,7 +6,8 @@
 //! whole (the manual steps of `redis-cli --cluster reshard`), its lineage
 //! and floor with it. FENCE.RESTORE reaches the replica, and refuses inside
 //! MULTI and while a slot of its node moves; a one-node cluster keeps the
-//! per-slot state across a SIGKILL (AOF) and a restart from an RDB.
+//! per-slot state (signing tables too) across a SIGKILL (AOF) and a
+//! restart from an RDB.
 //!
 //! Against the module before per-slot node state (Valkey 8 filed
 //! `fencecheck:lineage` and `fencecheck:epoch-floor` under the writing
@@ -21,6 +22,8 @@ use crate::common::{Conn, KINDS, Kind, Server, Value};
 /// The floor FENCE.RESTORE is given: far above any epoch a lock could
 /// have reached in the test.
 const FLOOR: u64 = 5_000_000;
+
+const SECRET: &str = "3:8a1f0c5e9d7b3a2c4e6f8091a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d5";
 
 /// Each server's checks run to the end and every failure is reported, so
 /// one run shows what holds where.
@@ -290,8 +293,9 @@ fn after_the_move(cluster: &Cluster, lock1: &str, authority1: &str, token1: &str
 /// A one-node cluster (every slot on one master) keeps the per-slot
 /// lineage and floors across a SIGKILL and restart, from the AOF
 /// (`appendfsync always`) and from an RDB: each key back in its own slot,
-/// and grants of new locks in any slot at or above the floor, under the
-/// slot's lineage.
+/// grants of new locks in any slot at or above the floor, under the slot's
+/// lineage, and the signing tables FENCE.KEYS wrote still refusing
+/// unsigned tokens, alike in every slot.
 #[test]
 fn node_state_survives_restart() -> Result<()> {
     for kind in KINDS {
@@ -313,6 +317,7 @@ fn restart(kind: Kind, aof: bool) -> Result<()> {
     let lock = "survivor";
     let (authority, _, _) = grant(&c.ok(&["FENCE.ACQUIRE", lock, "a7", "600000"])?)?;
     c.ok(&["FENCE.RESTORE", &FLOOR.to_string()])?;
+    c.ok(&["FENCE.KEYS", "REQUIRE", "signed/", SECRET])?;
     if !aof {
         c.ok(&["SAVE"])?;
     }
@@ -320,8 +325,20 @@ fn restart(kind: Kind, aof: bool) -> Result<()> {
     wait_cluster_ok(server.port)?;
     let mut c = server.conn()?;
     let keys = keys_in_their_slots(server.port, |_| true)?;
-    // Every slot's lineage and floor, and the lease.
-    ensure!(keys == 2 * 16384 + 1, "{keys} keys after the restart");
+    // Every slot's lineage, floor and signing table, and the lease.
+    ensure!(keys == 3 * 16384 + 1, "{keys} keys after the restart");
+    let unsigned = c.cmd(&["FENCE.SET", "signed/x", "0.1", "v"])?;
+    ensure!(
+        unsigned
+            .error()
+            .is_some_and(|e| e.starts_with("UNAUTHENTICATED")),
+        "the signing tables were lost: {unsigned:?}"
+    );
+    let list = c.ok(&["FENCE.KEYS", "LIST"])?;
+    ensure!(
+        list.items().get(7) == Some(&Value::Int(0)),
+        "slots unlike after the restart: {list:?}"
+    );
     for name in [format!("{{{lock}}}:next"), "elsewhere".to_string()] {
         let (a, epoch, token) = grant(&c.ok(&["FENCE.ACQUIRE", &name, "b9", "600000"])?)?;
         ensure!(epoch >= FLOOR, "{name} granted {token} below {FLOOR}");

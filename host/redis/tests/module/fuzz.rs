@@ -163,7 +163,7 @@ fn command(f: &mut Fuzz, names: &[Vec<u8>], tokens: &[String]) -> Vec<Vec<u8>> {
         f.pick(&["1000", "0", "60000", "18446744073709551615", "-5", "1e3"])
             .into()
     };
-    let mut args: Vec<Vec<u8>> = match f.below(13) {
+    let mut args: Vec<Vec<u8>> = match f.below(14) {
         0..=2 => {
             let mut a = vec![b"FENCE.SET".to_vec(), name(f), token(f), value(f)];
             a.extend(options(f));
@@ -215,6 +215,37 @@ fn command(f: &mut Fuzz, names: &[Vec<u8>], tokens: &[String]) -> Vec<Vec<u8>> {
                 f.below(1 << 20).to_string().into_bytes(),
             ],
         },
+        12 => {
+            // A usable key, a short one, a malformed one, or binary.
+            let key = |f: &mut Fuzz| -> Vec<u8> {
+                match f.below(4) {
+                    0 => format!("{}:{}", f.below(5), "ab".repeat(16)).into_bytes(),
+                    1 => b"1:00".to_vec(),
+                    2 => b"7:zz,".to_vec(),
+                    _ => f.binary(80),
+                }
+            };
+            let prefix = |f: &mut Fuzz| -> Vec<u8> {
+                if f.one_in(4) {
+                    Vec::new()
+                } else {
+                    let n = name(f);
+                    n[..f.index(n.len() + 1).min(n.len())].to_vec()
+                }
+            };
+            match f.below(5) {
+                0 => vec![
+                    b"FENCE.KEYS".to_vec(),
+                    b"REQUIRE".to_vec(),
+                    prefix(f),
+                    key(f),
+                ],
+                1 => vec![b"FENCE.KEYS".to_vec(), b"DROP".to_vec(), prefix(f)],
+                2 => vec![b"FENCE.KEYS".to_vec(), b"GRANT".to_vec(), key(f)],
+                3 => vec![b"FENCE.KEYS".to_vec(), b"GRANT".to_vec(), b"off".to_vec()],
+                _ => vec![b"FENCE.KEYS".to_vec(), b"LIST".to_vec()],
+            }
+        }
         _ => vec![
             f.pick(&["FENCE.VERSION", "FENCE.METRICS", "fence.set", "FENCE.NOPE"])
                 .into(),
@@ -438,7 +469,7 @@ fn every_char_in_every_argument_is_answered() -> Result<()> {
             "{reply:?}"
         );
         judge(&reply)?;
-        let templates: [&[&str]; 12] = [
+        let templates: [&[&str]; 15] = [
             &[
                 "FENCE.SET",
                 "k",
@@ -458,6 +489,14 @@ fn every_char_in_every_argument_is_answered() -> Result<()> {
             &["FENCE.RENEW", "k", "lease", "0.1", "1000"],
             &["FENCE.RELEASE", "k", "lease", "0.1"],
             &["FENCE.RESTORE", "5"],
+            &[
+                "FENCE.KEYS",
+                "REQUIRE",
+                "p/",
+                "1:abababababababababababababababab",
+            ],
+            &["FENCE.KEYS", "GRANT", "1:abababababababababababababababab"],
+            &["FENCE.KEYS", "DROP", "p/"],
             &["FENCE.VERSION", "x"],
             &["FENCE.METRICS", "x"],
         ];
