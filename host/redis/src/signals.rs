@@ -59,12 +59,17 @@ fn outcome_index<T>(result: &Result<T, Refusal>, duplicate: impl Fn(&T) -> bool)
 }
 
 /// Count one fenced command's result under its `epoch` label index.
+/// `-TRYAGAIN` (a cluster slot mid-move) is not counted: nothing was
+/// decided, and the client's retry, which is, would count it twice.
 pub(crate) fn count<T>(
     operation: Operation,
     epoch: usize,
     result: &Result<T, Refusal>,
     duplicate: impl Fn(&T) -> bool,
 ) {
+    if matches!(result, Err(Refusal(line)) if line.starts_with("TRYAGAIN ")) {
+        return;
+    }
     let i = (operation as usize * OUTCOMES + outcome_index(result, duplicate)) * EPOCHS + epoch;
     if let Some(counter) = COUNTS.get(i) {
         counter.fetch_add(1, Ordering::Relaxed);

@@ -14,5 +14,6 @@ mod failover;
 mod migration;
 mod node_state;
 mod redis_py;
+mod redis_rs;
 mod reshard;
 mod signing;
