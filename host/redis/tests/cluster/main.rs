@@ -17,3 +17,4 @@ mod redis_py;
 mod redis_rs;
 mod reshard;
 mod signing;
+mod wait_failover;

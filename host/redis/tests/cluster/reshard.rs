@@ -1,6 +1,6 @@
-//! Resharding with writers running: `redis-cli --cluster reshard` moves
-//! slots (MIGRATE) while 8 writers write through the fence; the history
-//! they record is checked afterwards.
+//! Resharding with writers running: `redis-cli --cluster reshard` and
+//! `redis-cli --cluster rebalance` move slots (MIGRATE) while 8 writers
+//! write through the fence; the history they record is checked afterwards.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
@@ -12,9 +12,10 @@ use crate::common::{KINDS, Value};
 
 const WRITERS: usize = 8;
 const SCOPES: usize = 16;
-/// Slots moved: the first ones of the first master, where the scopes are.
+/// Slots moved: the first ones of the first master, where the scopes are
+/// (the rebalance moves them first).
 const MOVED_SLOTS: u16 = 300;
-/// Writes each writer makes after the reshard ended (its stale map then
+/// Writes each writer makes after the move ended (its stale map then
 /// meets MOVED), and at most in all.
 const AFTER: u64 = 20;
 const CAP: u64 = 20_000;
@@ -38,17 +39,116 @@ fn reshard_under_writers() -> Result<()> {
     Ok(())
 }
 
+/// While `redis-cli --cluster rebalance --cluster-weight <a>=0` drains one
+/// master (all its 5461 slots to the two other masters, first the 300
+/// holding 16 scopes), 8 writers send FENCE.SET: the same history checks
+/// as the reshard (versions 1..n without gap, tokens increasing, refusals
+/// only STALEFENCE, data = last applied value, mark version n, MOVED met),
+/// and afterwards the drained master serves no slot.
+#[test]
+fn rebalance_under_writers() -> Result<()> {
+    for kind in KINDS {
+        let cluster = Cluster::start(kind)?;
+        rebalance(&cluster).with_context(|| format!("{kind:?}\n{}", cluster.logs()))?;
+    }
+    Ok(())
+}
+
+/// `SCOPES` names whose slots `within` accepts.
+fn scopes_in(within: impl Fn(u16) -> bool) -> Result<Vec<String>> {
+    let scopes: Vec<String> = (0..100_000)
+        .map(|i| format!("w{i}"))
+        .filter(|n| within(fencecheck_redis::slot(n.as_bytes())))
+        .take(SCOPES)
+        .collect();
+    ensure!(scopes.len() == SCOPES);
+    Ok(scopes)
+}
+
 fn reshard(cluster: &Cluster) -> Result<()> {
     let masters = cluster.masters()?;
     let (a, b) = (&masters[0], &masters[1]);
     ensure!(a.ranges.first().map(|r| r.0) == Some(0), "{a:?}");
-    let scopes: Vec<String> = (0..100_000)
-        .map(|i| format!("w{i}"))
-        .filter(|n| fencecheck_redis::slot(n.as_bytes()) < MOVED_SLOTS)
-        .take(SCOPES)
-        .collect();
-    ensure!(scopes.len() == SCOPES);
-    let scopes = Arc::new(scopes);
+    let scopes = scopes_in(|slot| slot < MOVED_SLOTS)?;
+    under_writers(cluster, &scopes, || {
+        cluster.cli(
+            a.port,
+            &[
+                "reshard",
+                "--cluster-from",
+                &a.id,
+                "--cluster-to",
+                &b.id,
+                "--cluster-slots",
+                &MOVED_SLOTS.to_string(),
+                "--cluster-yes",
+                // One key per MIGRATE: a scope's data and state key move
+                // apart (with the default 10, a slot's few keys move at once).
+                "--cluster-pipeline",
+                "1",
+            ],
+        )
+    })?;
+    for scope in &scopes {
+        ensure!(
+            cluster
+                .master_of(fencecheck_redis::slot(scope.as_bytes()))?
+                .port
+                == b.port
+        );
+    }
+    Ok(())
+}
+
+fn rebalance(cluster: &Cluster) -> Result<()> {
+    let masters = cluster.masters()?;
+    let a = &masters[0];
+    ensure!(
+        a.ranges
+            .first()
+            .is_some_and(|r| r.0 == 0 && r.1 >= MOVED_SLOTS),
+        "{a:?}"
+    );
+    // The rebalance hands a master's slots over in order: these move
+    // first, while the writers run (on Valkey 8 a whole drain under 8
+    // writers starves the replicas, and a SETSLOT that waits for them
+    // answers NOREPLICAS).
+    let scopes = scopes_in(|slot| slot < MOVED_SLOTS)?;
+    let weight = format!("{}=0", a.id);
+    under_writers(cluster, &scopes, || {
+        cluster.cli(
+            a.port,
+            &[
+                "rebalance",
+                "--cluster-weight",
+                &weight,
+                "--cluster-yes",
+                "--cluster-pipeline",
+                "1",
+            ],
+        )
+    })?;
+    let now = cluster.masters()?;
+    ensure!(
+        now.iter().all(|m| m.id != a.id),
+        "the drained master still serves slots: {now:?}"
+    );
+    for scope in &scopes {
+        let owner = cluster.master_of(fencecheck_redis::slot(scope.as_bytes()))?;
+        ensure!(owner.id != a.id, "{scope} still on the drained master");
+    }
+    Ok(())
+}
+
+/// Run `mover` (a `redis-cli --cluster` command moving the slots of
+/// `scopes`) while 8 writers write them; then check the history they
+/// recorded and each scope's data and mark.
+fn under_writers(
+    cluster: &Cluster,
+    scopes: &[String],
+    mover: impl FnOnce() -> Result<String>,
+) -> Result<()> {
+    let scopes = Arc::new(scopes.to_vec());
     let counter = Arc::new(AtomicU64::new(1));
     let done = Arc::new(AtomicBool::new(false));
     let start = Arc::new(Barrier::new(WRITERS + 1));
@@ -89,23 +189,9 @@ fn reshard(cluster: &Cluster) -> Result<()> {
         }));
     }
     start.wait();
-    let moved = cluster.cli(
-        a.port,
-        &[
-            "reshard",
-            "--cluster-from",
-            &a.id,
-            "--cluster-to",
-            &b.id,
-            "--cluster-slots",
-            &MOVED_SLOTS.to_string(),
-            "--cluster-yes",
-            // One key per MIGRATE: a scope's data and state key move
-            // apart (with the default 10, a slot's few keys move at once).
-            "--cluster-pipeline",
-            "1",
-        ],
-    );
+    let began = std::time::Instant::now();
+    let moved = mover();
+    let took = began.elapsed();
     done.store(true, Ordering::SeqCst);
     let mut events = Vec::new();
     let mut redirected = 0;
@@ -117,8 +203,14 @@ fn reshard(cluster: &Cluster) -> Result<()> {
         redirected += m;
     }
     moved?;
+    eprintln!(
+        "{:?}: slots moved in {took:.1?}; {} writes answered, {} applied; {redirected} MOVED",
+        cluster.kind,
+        events.len(),
+        events.iter().filter(|e| e.2.is_some()).count()
+    );
     cluster.wait_ok()?;
-    ensure!(redirected > 0, "no writer met MOVED after the reshard");
+    ensure!(redirected > 0, "no writer met MOVED after the move");
     let mut client = cluster.client()?;
     for (s, scope) in scopes.iter().enumerate() {
         let mut applied: Vec<(i64, u64)> = events
@@ -149,12 +241,6 @@ fn reshard(cluster: &Cluster) -> Result<()> {
         ensure!(
             next.items().get(1) == Some(&Value::Int(last_version + 1)),
             "{scope}: mark {next:?}, {last_version} applied"
-        );
-        ensure!(
-            cluster
-                .master_of(fencecheck_redis::slot(scope.as_bytes()))?
-                .port
-                == b.port
         );
     }
     Ok(())

@@ -39,9 +39,15 @@ impl Cluster {
     /// returns once every node answers `cluster_state:ok`, agrees on the
     /// slots, and every replica's link to its master is up.
     pub fn start(kind: Kind) -> Result<Cluster> {
+        Cluster::start_loading(kind, &[])
+    }
+
+    /// As [`Cluster::start`], every node loading the module with `args`
+    /// (`TEST-CLOCK`: lease commands take `NOW ms`).
+    pub fn start_loading(kind: Kind, args: &[&str]) -> Result<Cluster> {
         let mut nodes = Vec::new();
         for _ in 0..6 {
-            nodes.push(start_node(kind)?);
+            nodes.push(start_node(kind, args)?);
         }
         let cluster = Cluster { kind, nodes };
         let mut cli = Command::new(kind.cli()?);
@@ -296,12 +302,14 @@ pub fn node_options() -> Result<Options> {
         .with("cluster-port", &bus.to_string()))
 }
 
-fn start_node(kind: Kind) -> Result<Server> {
+fn start_node(kind: Kind, args: &[&str]) -> Result<Server> {
     let mut last = None;
     // The bus port is a second free port (`cluster-port`, Redis 7.0+): a
     // clash fails the start, so try again with another.
     for _ in 0..5 {
-        let options = node_options()?
+        let mut options = node_options()?;
+        options.module = Some(args.iter().map(|a| (*a).to_string()).collect());
+        let options = options
             // Failure detection in about a second (the tests kill masters).
             .with("cluster-node-timeout", "1000")
             .with("repl-diskless-sync-delay", "0")
