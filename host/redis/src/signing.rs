@@ -52,8 +52,12 @@ pub(crate) fn scope_keys(
             table
         }
     };
-    // Absent is the common case, answered without reading the fields; so
-    // is a table holding only its grant field.
+    // Absent is the common case outside a cluster, answered by one lookup
+    // (no key handle); a table holding only its grant field, the common
+    // case in one, without reading the fields.
+    if ffi::key_exists(ctx, hash) == Some(false) {
+        return Ok(None);
+    }
     match ffi::hash_length(ctx, hash).map_err(|e| not_a_hash(hash, &e))? {
         None => return Ok(None),
         Some(1) if table.is_some() && field(ctx, hash, keys::GRANT_FIELD)?.is_some() => {
