@@ -8,13 +8,20 @@
 #   bash benches/redis-cluster/run.sh [ROUNDS]      # BASE=31000: ports BASE..BASE+5, buses BASE+100..
 #
 # Prints each round's requests/s per command (interleaved), then each
-# master's FENCE.METRICS (how many FENCE.SETs applied, how many were stale:
-# the tokens are random, so some are refused, which flatters FENCE.SET).
+# master's FENCE.METRICS. Two FENCE.SET loads: random tokens (some are
+# refused stale, which does less work and flatters FENCE.SET), and one
+# token with POLICY allow-equal and a random OPID (an equal token needs
+# one), where every write is applied or, when its op id repeats on its
+# key, answered duplicate: the fair comparison with SET, each one reading,
+# deciding and writing both keys.
+#
+# MODULE=path/to/libfencecheck_redis.so overrides the module (cargo test
+# builds leave it in target/release/deps/).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 rounds=${1:-3}
 base=${BASE:-31000}
-module=$PWD/target/release/libfencecheck_redis.so
+module=${MODULE:-$PWD/target/release/libfencecheck_redis.so}
 [ -f "$module" ] || { echo "build it first: cargo build --release -p fencecheck-redis" >&2; exit 1; }
 for i in 0 1 2 3 4 5; do
     for p in $((base + i)) $((base + 100 + i)); do
@@ -48,6 +55,7 @@ bench() { redis-benchmark -p "$base" --cluster -q -n 200000 -c 50 -r 100000 "$@"
 for r in $(seq "$rounds"); do
     echo "round $r SET:       $(bench SET 'key:{tag}:__rand_int__' v)"
     echo "round $r FENCE.SET: $(bench FENCE.SET 'key:{tag}:__rand_int__' '0.__rand_int__' v)"
+    echo "round $r FENCE.SET allow-equal: $(bench FENCE.SET 'equal:{tag}:__rand_int__' '0.1' v POLICY allow-equal OPID 'op:__rand_int__')"
 done
 for i in 0 1 2 3 4 5; do
     redis-cli -p $((base + i)) role | head -n 1 | grep -q master || continue
