@@ -234,6 +234,7 @@ fn drain_timeout_cuts_a_stalled_request() -> anyhow::Result<()> {
         Some(10),
     )?;
     open.send(b"abc")?;
+    in_flight(&gw)?;
     signal(&gw, "TERM")?;
     let status = exited(&mut gw)?;
     ensure!(status.success(), "exit status {status}");
