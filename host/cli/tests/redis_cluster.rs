@@ -17,7 +17,7 @@ use std::process::{Command, Output};
 
 use anyhow::{Context, Result, bail, ensure};
 use cluster::{Cluster, name_in};
-use common::{Conn, KINDS, Kind, Value};
+use common::{Conn, Kind, Value, kinds};
 use fencecheck::{Token, TokenText};
 use fencecheck_authority::{
     AcquireOutcome, AuthorityError, Coordinator, Grant, RedisCoordinator, ReleaseOutcome,
@@ -74,7 +74,7 @@ fn fencecheck(args: &[&str]) -> Result<Output> {
 /// slot("0") (a lock named `0`'s tokens carry it).
 #[test]
 fn coordinator_on_every_shard() -> Result<()> {
-    for kind in KINDS {
+    for kind in kinds() {
         let cluster = Cluster::start(kind)?;
         every_shard(&cluster).with_context(|| format!("{kind:?}\n{}", cluster.logs()))?;
     }
@@ -138,7 +138,7 @@ fn every_shard(cluster: &Cluster) -> Result<()> {
 /// and Valkey 8.
 #[test]
 fn coordinator_follows_a_moving_lock() -> Result<()> {
-    for kind in KINDS {
+    for kind in kinds() {
         let cluster = Cluster::start(kind)?;
         moving_lock(&cluster).with_context(|| format!("{kind:?}\n{}", cluster.logs()))?;
     }

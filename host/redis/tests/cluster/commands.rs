@@ -4,7 +4,7 @@
 use anyhow::{Context, Result, ensure};
 
 use crate::cluster::{Cluster, name_in};
-use crate::common::{KINDS, Value, applied, err};
+use crate::common::{Value, applied, err, kinds};
 
 fn first_word(v: &Value) -> String {
     v.error()
@@ -19,7 +19,7 @@ fn first_word(v: &Value) -> String {
 /// another slot is refused with CROSSSLOT and writes nothing.
 #[test]
 fn commands_in_every_shard() -> Result<()> {
-    for kind in KINDS {
+    for kind in kinds() {
         let cluster = Cluster::start(kind)?;
         every_shard(&cluster).with_context(|| format!("{kind:?}\n{}", cluster.logs()))?;
     }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail, ensure};
 
 use crate::cluster::{Cluster, name_in};
-use crate::common::{Conn, KINDS, Value, applied};
+use crate::common::{Conn, Value, applied, kinds};
 
 fn first_word(v: &Value) -> String {
     v.error()
@@ -46,7 +46,7 @@ fn wait_master(port: u16) -> Result<()> {
 /// FENCE.RESTORE the next grant's token is above it and the resource takes it.
 #[test]
 fn failover_and_restore() -> Result<()> {
-    for kind in KINDS {
+    for kind in kinds() {
         let mut cluster = Cluster::start(kind)?;
         let r = failover(&mut cluster);
         r.with_context(|| format!("{kind:?}\n{}", cluster.logs()))?;

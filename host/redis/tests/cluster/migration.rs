@@ -5,7 +5,7 @@
 use anyhow::{Context, Result, ensure};
 
 use crate::cluster::{Cluster, migrate_slot_keys, name_in};
-use crate::common::{Conn, KINDS, Value, applied};
+use crate::common::{Conn, Value, applied, kinds};
 
 fn first_word(v: &Value) -> String {
     v.error()
@@ -22,7 +22,7 @@ fn first_word(v: &Value) -> String {
 /// stale tokens there and accept a newer one.
 #[test]
 fn half_migrated_scopes_refuse() -> Result<()> {
-    for kind in KINDS {
+    for kind in kinds() {
         let cluster = Cluster::start(kind)?;
         half_migrated(&cluster).with_context(|| format!("{kind:?}\n{}", cluster.logs()))?;
     }

@@ -17,7 +17,7 @@
 use anyhow::{Context, Result, ensure};
 
 use crate::cluster::{Cluster, NodeLine, migrate_slot_keys, name_in, node_options};
-use crate::common::{Conn, KINDS, Kind, Server, Value};
+use crate::common::{Conn, Kind, Server, Value, kinds};
 
 /// The floor FENCE.RESTORE is given: far above any epoch a lock could
 /// have reached in the test.
@@ -30,7 +30,7 @@ const SECRET: &str = "3:8a1f0c5e9d7b3a2c4e6f8091a2b3c4d5e6f708192a3b4c5d6e7f8091
 #[test]
 fn node_state_in_every_slot() -> Result<()> {
     let mut failed = Vec::new();
-    for kind in KINDS {
+    for kind in kinds() {
         let cluster = Cluster::start(kind)?;
         for problem in node_state(&cluster)? {
             failed.push(format!("{kind:?}: {problem}"));
@@ -298,7 +298,7 @@ fn after_the_move(cluster: &Cluster, lock1: &str, authority1: &str, token1: &str
 /// unsigned tokens, alike in every slot.
 #[test]
 fn node_state_survives_restart() -> Result<()> {
-    for kind in KINDS {
+    for kind in kinds() {
         for aof in [true, false] {
             restart(kind, aof).with_context(|| format!("{kind:?}, AOF {aof}"))?;
         }

@@ -7,7 +7,7 @@ use std::process::Command;
 use anyhow::{Context, Result, ensure};
 
 use crate::cluster::Cluster;
-use crate::common::KINDS;
+use crate::common::kinds;
 
 /// Through redis-py's RedisCluster, seeded with one replica: FENCE.SET,
 /// FENCE.CHECK, FENCE.DEL, FENCE.ACQUIRE and FENCE.EXEC on every primary,
@@ -17,7 +17,7 @@ use crate::common::KINDS;
 #[test]
 fn redis_py_cluster_client() -> Result<()> {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients/cluster.py");
-    for kind in KINDS {
+    for kind in kinds() {
         let cluster = Cluster::start(kind)?;
         let masters = cluster.masters()?;
         let seed = cluster.replica_of(masters[0].port)?.port;

@@ -14,7 +14,7 @@ use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo, SingleNodeRou
 use redis::{ErrorKind, RedisResult, ServerErrorKind};
 
 use crate::cluster::{Cluster, NodeLine, migrate_slot_keys, name_in};
-use crate::common::{Conn, KINDS};
+use crate::common::{Conn, kinds};
 
 /// The floor FENCE.RESTORE is given: above any epoch a token reached here.
 const FLOOR: u64 = 5_000_000;
@@ -32,7 +32,7 @@ const FLOOR: u64 = 5_000_000;
 /// unless it carries an OPID.
 #[test]
 fn redis_rs_cluster_client() -> Result<()> {
-    for kind in KINDS {
+    for kind in kinds() {
         let cluster = Cluster::start(kind)?;
         let started = Instant::now();
         checks(&cluster).with_context(|| format!("{kind:?}\n{}", cluster.logs()))?;

@@ -8,7 +8,7 @@ use std::sync::{Arc, Barrier};
 use anyhow::{Context, Result, bail, ensure};
 
 use crate::cluster::Cluster;
-use crate::common::{KINDS, Value};
+use crate::common::{Value, kinds};
 
 const WRITERS: usize = 8;
 const SCOPES: usize = 16;
@@ -32,7 +32,7 @@ type Event = (usize, u64, Option<i64>);
 /// no applied write lost). The writers met MOVED after the move.
 #[test]
 fn reshard_under_writers() -> Result<()> {
-    for kind in KINDS {
+    for kind in kinds() {
         let cluster = Cluster::start(kind)?;
         reshard(&cluster).with_context(|| format!("{kind:?}\n{}", cluster.logs()))?;
     }
@@ -47,7 +47,7 @@ fn reshard_under_writers() -> Result<()> {
 /// and afterwards the drained master serves no slot.
 #[test]
 fn rebalance_under_writers() -> Result<()> {
-    for kind in KINDS {
+    for kind in kinds() {
         let cluster = Cluster::start(kind)?;
         rebalance(&cluster).with_context(|| format!("{kind:?}\n{}", cluster.logs()))?;
     }

@@ -13,7 +13,7 @@
 use anyhow::{Context, Result, ensure};
 
 use crate::cluster::{Cluster, NodeLine, migrate_slot_keys, name_in};
-use crate::common::{Conn, KINDS, Value, applied};
+use crate::common::{Conn, Value, applied, kinds};
 
 const SECRET: &str = "3:8a1f0c5e9d7b3a2c4e6f8091a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d5";
 /// Scopes tried per master.
@@ -62,7 +62,7 @@ fn listed(port: u16) -> Result<(usize, i64, i64)> {
 /// state but not the table, answers TRYAGAIN to an unsigned token.
 #[test]
 fn signing_keys_in_every_slot() -> Result<()> {
-    for kind in KINDS {
+    for kind in kinds() {
         let cluster = Cluster::start(kind)?;
         signing(&cluster).with_context(|| format!("{kind:?}\n{}", cluster.logs()))?;
     }

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail, ensure};
 
 use crate::cluster::{Cluster, name_in};
-use crate::common::{Conn, KINDS, Server, Value, applied};
+use crate::common::{Conn, Server, Value, applied, kinds};
 
 /// A node stopped with SIGSTOP; SIGCONT when dropped, on every path
 /// (errors included), so no test leaves a node frozen.
@@ -188,7 +188,7 @@ fn scenario(cluster: &mut Cluster, cut: bool) -> Result<Seen> {
 /// mark refuses a lower token (STALEFENCE) and takes the new one as version 2.
 #[test]
 fn wait_one_survives_failover() -> Result<()> {
-    for kind in KINDS {
+    for kind in kinds() {
         let mut cluster = Cluster::start_loading(kind, &["TEST-CLOCK"])?;
         let r = wait_one(&mut cluster);
         r.with_context(|| format!("{kind:?}\n{}", cluster.logs()))?;
@@ -243,7 +243,7 @@ fn wait_one(cluster: &mut Cluster) -> Result<()> {
 /// grant is above the lost one and the lost token is refused.
 #[test]
 fn wait_zero_warns_of_loss() -> Result<()> {
-    for kind in KINDS {
+    for kind in kinds() {
         let mut cluster = Cluster::start_loading(kind, &["TEST-CLOCK"])?;
         let r = wait_zero(&mut cluster);
         r.with_context(|| format!("{kind:?}\n{}", cluster.logs()))?;
@@ -302,7 +302,7 @@ fn wait_zero(cluster: &mut Cluster) -> Result<()> {
 /// and the lock is granted above the last token.
 #[test]
 fn min_replicas_refuses_fenced_writes() -> Result<()> {
-    for kind in KINDS {
+    for kind in kinds() {
         let cluster = Cluster::start_loading(kind, &["TEST-CLOCK"])?;
         let r = min_replicas(&cluster);
         r.with_context(|| format!("{kind:?}\n{}", cluster.logs()))?;

@@ -19,8 +19,29 @@ pub enum Kind {
     Valkey,
 }
 
-/// Both servers: every test runs against each.
-pub const KINDS: [Kind; 2] = [Kind::Redis, Kind::Valkey];
+/// The servers every test runs against: both, or those named in
+/// `FENCECHECK_REDIS_KINDS` (`redis`, `valkey`, comma-separated), as
+/// scripts/test.d/45-redis8.sh does to run the tests again on Redis 8. A
+/// list naming neither fails the test rather than let it pass on nothing.
+pub fn kinds() -> Vec<Kind> {
+    let all = [Kind::Redis, Kind::Valkey];
+    let Ok(list) = std::env::var("FENCECHECK_REDIS_KINDS") else {
+        return all.to_vec();
+    };
+    let chosen: Vec<Kind> = all
+        .into_iter()
+        .filter(|k| {
+            let name = format!("{k:?}");
+            list.split(',')
+                .any(|n| n.trim().eq_ignore_ascii_case(&name))
+        })
+        .collect();
+    assert!(
+        !chosen.is_empty(),
+        "FENCECHECK_REDIS_KINDS={list:?} names no server (redis, valkey)"
+    );
+    chosen
+}
 
 impl Kind {
     /// The server binary: `FENCECHECK_REDIS_SERVER` / `FENCECHECK_VALKEY_SERVER`,
@@ -458,7 +479,7 @@ pub fn applied(v: &Value) -> Result<i64> {
 
 /// Run `f` on a fresh module-loaded server of each kind.
 pub fn each_server(options: Options, mut f: impl FnMut(&mut Server) -> Result<()>) -> Result<()> {
-    for kind in KINDS {
+    for kind in kinds() {
         let mut server = Server::start(kind, options.clone())?;
         f(&mut server).with_context(|| format!("on {kind:?}; log:\n{}", server.log_tail()))?;
         ensure!(

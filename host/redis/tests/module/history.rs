@@ -11,7 +11,7 @@ mod checker;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Barrier};
 
-use crate::common::{Conn, KINDS, Options, Server, Value};
+use crate::common::{Conn, Options, Server, Value, kinds};
 use anyhow::{Context, Result, bail, ensure};
 use checker::{Attempt, Audited, Kept, Rng, Seen};
 use fencecheck::{Token, TokenText};
@@ -95,7 +95,7 @@ fn client(port: u16, id: usize, start: &Barrier) -> Result<Vec<Attempt>> {
 /// list's length.
 #[test]
 fn concurrent_clients_keep_a_valid_history() -> Result<()> {
-    for kind in KINDS {
+    for kind in kinds() {
         let server = Server::start(kind, Options::module())?;
         let start = Arc::new(Barrier::new(CLIENTS));
         let handles: Vec<_> = (0..CLIENTS)

@@ -4,7 +4,7 @@
 //! accepted) and the runbook that fixes it (FENCE.RESTORE before the first
 //! grant; WAIT to learn whether a grant reached a replica).
 
-use crate::common::{Conn, KINDS, Options, Server, Value, applied, each_server};
+use crate::common::{Conn, Options, Server, Value, applied, each_server, kinds};
 use std::collections::BTreeSet;
 use std::sync::{Arc, Barrier};
 
@@ -206,7 +206,7 @@ fn failover(kind: crate::common::Kind, restore_first: bool) -> Result<(String, S
 /// above every token the old primary issued, and the resource accepts it.
 #[test]
 fn failover_repeats_a_token_unless_restored() -> Result<()> {
-    for kind in KINDS {
+    for kind in kinds() {
         let (lost, repeated, accepted) = failover(kind, false)?;
         ensure!(
             repeated == lost,

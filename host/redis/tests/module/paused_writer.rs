@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use crate::common::{KINDS, Options, Server};
+use crate::common::{Options, Server, kinds};
 use anyhow::{Context, Result, ensure};
 
 fn clients_dir() -> PathBuf {
@@ -45,7 +45,7 @@ fn same(got: &str, golden: &Path) -> Result<()> {
 #[test]
 fn paused_writer_through_the_cli() -> Result<()> {
     let dir = clients_dir();
-    for kind in KINDS {
+    for kind in kinds() {
         let server = Server::start(kind, Options::test_clock())?;
         let got = run(
             Command::new(kind.cli()?).args(["-p", &server.port.to_string(), "--no-raw"]),
@@ -64,7 +64,7 @@ fn paused_writer_through_redis_py_and_ioredis() -> Result<()> {
         dir.join("node_modules/ioredis").exists(),
         "ioredis is not installed: npm ci --prefix host/redis/tests/clients (.ci/install.d/75-redis.sh)"
     );
-    for kind in KINDS {
+    for kind in kinds() {
         let server = Server::start(kind, Options::test_clock())?;
         let got = run(
             Command::new("python3")

@@ -3,7 +3,7 @@
 //! and the state bytes exactly, and the module, loaded again, keeps
 //! refusing the old tokens.
 
-use crate::common::{KINDS, Options, Server, Value, applied};
+use crate::common::{Options, Server, Value, applied, kinds};
 use anyhow::{Context, Result, ensure};
 
 /// What a restart must keep: data, state and lease bytes.
@@ -68,7 +68,7 @@ fn after_restart(c: &mut crate::common::Conn, token: &str, before: &[Value]) -> 
 /// it, old tokens stay refused and the lease is still held.
 #[test]
 fn aof_replay_keeps_marks_and_leases() -> Result<()> {
-    for kind in KINDS {
+    for kind in kinds() {
         let aof = |o: Options| o.with("appendonly", "yes").with("appendfsync", "always");
         let mut server = Server::start(kind, aof(Options::module()))?;
         let mut c = server.conn()?;
@@ -91,7 +91,7 @@ fn aof_replay_keeps_marks_and_leases() -> Result<()> {
 /// SAVE, then restart from the RDB file: the same.
 #[test]
 fn rdb_restart_keeps_marks_and_leases() -> Result<()> {
-    for kind in KINDS {
+    for kind in kinds() {
         let mut server = Server::start(kind, Options::module())?;
         let mut c = server.conn()?;
         let token = write_some(&mut c)?;
@@ -113,7 +113,7 @@ fn rdb_restart_keeps_marks_and_leases() -> Result<()> {
 /// refused write sends nothing.
 #[test]
 fn replica_without_the_module_serves_fenced_data() -> Result<()> {
-    for kind in KINDS {
+    for kind in kinds() {
         let primary = Server::start(kind, Options::module())?;
         let replica = Server::start(kind, Options::plain())?;
         let mut r = replica.conn()?;
@@ -188,7 +188,7 @@ fn aof_commands(dir: &std::path::Path) -> Result<Vec<Vec<Vec<u8>>>> {
 /// (never bytes of a later write), and both end byte for byte equal.
 #[test]
 fn in_place_rewrites_replicate_each_write() -> Result<()> {
-    for kind in KINDS {
+    for kind in kinds() {
         let aof = |o: Options| o.with("appendonly", "yes").with("appendfsync", "always");
         let primary = Server::start(kind, aof(Options::module()))?;
         let replica = Server::start(kind, Options::plain())?;

@@ -8,7 +8,7 @@
 //! the per-lock `restore` export (the module restores with a
 //! coordinator-wide floor instead) run on the embedded component directly.
 
-use crate::common::{Conn, KINDS, Options, Server, Value};
+use crate::common::{Conn, Options, Server, Value, kinds};
 use anyhow::{Context, Result, ensure};
 use fencecheck::{
     Acquire, AcquireRequest, AuthFailure, CheckError, Checker, Corruption, Decision, Error,
@@ -455,7 +455,7 @@ fn every_vector_passes_through_the_module() -> Result<()> {
     files.sort();
     ensure!(files.len() > 20, "only {} vector files", files.len());
     let runtime = Runtime::new()?;
-    for kind in KINDS {
+    for kind in kinds() {
         let server = Server::start(kind, Options::test_clock())?;
         let mut module = Module {
             conn: server.conn()?,
