@@ -6,6 +6,8 @@
 #
 #   cargo build --release -p fencecheck-redis
 #   bash benches/redis-cluster/run.sh [ROUNDS]      # BASE=31000: ports BASE..BASE+5, buses BASE+100..
+#   N=1000000 bash benches/redis-cluster/run.sh 3  # requests per run (default 200000; redis-benchmark
+#                                                  # times a cluster run in 0.25 s steps: give it 10 s)
 #
 # Prints each round's requests/s per command (interleaved), then each
 # master's FENCE.METRICS. Two FENCE.SET loads: random tokens (some are
@@ -51,7 +53,7 @@ done
 redis-cli --cluster create "${nodes[@]}" --cluster-replicas 1 --cluster-yes >/dev/null
 until redis-cli -p "$base" cluster info | grep -q cluster_state:ok; do sleep 0.2; done
 echo "load: $(uptime)"
-bench() { redis-benchmark -p "$base" --cluster -q -n 200000 -c 50 -r 100000 "$@" | tr '\r' '\n' | grep -E 'requests per second' | tail -n 1; }
+bench() { redis-benchmark -p "$base" --cluster -q -n "${N:-200000}" -c 50 -r 100000 "$@" | tr '\r' '\n' | grep -E 'requests per second' | tail -n 1; }
 for r in $(seq "$rounds"); do
     echo "round $r SET:       $(bench SET 'key:{tag}:__rand_int__' v)"
     echo "round $r FENCE.SET: $(bench FENCE.SET 'key:{tag}:__rand_int__' '0.__rand_int__' v)"
