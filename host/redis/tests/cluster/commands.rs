@@ -4,14 +4,7 @@
 use anyhow::{Context, Result, ensure};
 
 use crate::cluster::{Cluster, name_in};
-use crate::common::{Value, applied, err, kinds};
-
-fn first_word(v: &Value) -> String {
-    v.error()
-        .and_then(|e| e.split_whitespace().next())
-        .unwrap_or("<no error>")
-        .to_string()
-}
+use crate::common::{Value, applied, err, first_word, kinds};
 
 /// FENCE.SET/DEL/CHECK/EXEC and ACQUIRE/RENEW/RELEASE decide on every
 /// shard's master, each scope's state next to its data; a wrong node

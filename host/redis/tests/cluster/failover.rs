@@ -3,42 +3,10 @@
 //! same token out again, and FENCE.RESTORE on the promoted master (the
 //! runbook, docs/redis.md) puts every later grant above it.
 
-use std::time::{Duration, Instant};
+use anyhow::{Context, Result, ensure};
 
-use anyhow::{Context, Result, bail, ensure};
-
-use crate::cluster::{Cluster, name_in};
-use crate::common::{Conn, Value, applied, kinds};
-
-fn first_word(v: &Value) -> String {
-    v.error()
-        .and_then(|e| e.split_whitespace().next())
-        .unwrap_or("<no error>")
-        .to_string()
-}
-
-fn token(v: &Value) -> Result<String> {
-    ensure!(
-        v.items().first() == Some(&Value::Simple("acquired".into())),
-        "{v:?}"
-    );
-    v.items().get(1).and_then(Value::text).context("token")
-}
-
-/// Poll (bounded) until the node on `port` says it is a master.
-fn wait_master(port: u16) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while Instant::now() < deadline {
-        if let Ok(mut c) = Conn::connect(port)
-            && let Ok(v) = c.cmd(&["ROLE"])
-            && v.items().first().and_then(Value::text).as_deref() == Some("master")
-        {
-            return Ok(());
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    bail!("{port} was not promoted")
-}
+use crate::cluster::{Cluster, name_in, wait_master};
+use crate::common::{Conn, Value, acquired_token, applied, first_word, kinds};
 
 /// Manual failover loses nothing (the lease stays held, the mark refuses
 /// the old token); after a SIGKILL the promoted replica repeats a grant it
@@ -65,7 +33,7 @@ fn failover(cluster: &mut Cluster) -> Result<()> {
     // WAIT counts replicas that have this connection's writes: the
     // acquire and the WAIT share one connection to the master.
     let mut on_a = Conn::connect(a.port)?;
-    let t1 = token(&on_a.ok(&["FENCE.ACQUIRE", &lock, "a7", "600000"])?)?;
+    let t1 = acquired_token(&on_a.ok(&["FENCE.ACQUIRE", &lock, "a7", "600000"])?)?;
     ensure!(
         on_a.ok(&["WAIT", "1", "5000"])?.int() == Some(1),
         "the grant did not replicate"
@@ -93,7 +61,7 @@ fn failover(cluster: &mut Cluster) -> Result<()> {
     // master writes now reaches no replica.
     let killed = on_new.ok(&["CLIENT", "KILL", "TYPE", "replica"])?;
     ensure!(killed.int() == Some(1), "{killed:?}");
-    let lost = token(&on_new.ok(&["FENCE.ACQUIRE", &lock2, "c1", "600000"])?)?;
+    let lost = acquired_token(&on_new.ok(&["FENCE.ACQUIRE", &lock2, "c1", "600000"])?)?;
     ensure!(
         on_new.ok(&["WAIT", "1", "200"])?.int() == Some(0),
         "WAIT must say 0 replicas"
@@ -103,7 +71,8 @@ fn failover(cluster: &mut Cluster) -> Result<()> {
     cluster.node(a.port)?.signal("-CONT")?;
     wait_master(a.port)?;
     cluster.wait_ok()?;
-    let again = token(&client.ok(lock2.as_bytes(), &["FENCE.ACQUIRE", &lock2, "d2", "1"])?)?;
+    let again =
+        acquired_token(&client.ok(lock2.as_bytes(), &["FENCE.ACQUIRE", &lock2, "d2", "1"])?)?;
     ensure!(
         again == lost,
         "the promoted replica was expected to repeat {lost}, gave {again}"
@@ -118,7 +87,8 @@ fn failover(cluster: &mut Cluster) -> Result<()> {
         released.items().first() == Some(&Value::Simple("released".into())),
         "{released:?}"
     );
-    let fresh = token(&client.ok(lock2.as_bytes(), &["FENCE.ACQUIRE", &lock2, "e3", "600000"])?)?;
+    let fresh =
+        acquired_token(&client.ok(lock2.as_bytes(), &["FENCE.ACQUIRE", &lock2, "e3", "600000"])?)?;
     ensure!(
         applied(&client.ok(res2.as_bytes(), &["FENCE.SET", &res2, &fresh, "e3"])?)? == 2,
         "after FENCE.RESTORE {fresh} was refused"

@@ -5,14 +5,7 @@
 use anyhow::{Context, Result, ensure};
 
 use crate::cluster::{Cluster, migrate_slot_keys, name_in};
-use crate::common::{Conn, Value, applied, kinds};
-
-fn first_word(v: &Value) -> String {
-    v.error()
-        .and_then(|e| e.split_whitespace().next())
-        .unwrap_or("<no error>")
-        .to_string()
-}
+use crate::common::{Conn, Value, applied, first_word, kinds};
 
 /// With the slot MIGRATING on its master and IMPORTING on another, a stale
 /// token is never applied, whether no key moved yet, only the data key,

@@ -13,18 +13,11 @@
 use anyhow::{Context, Result, ensure};
 
 use crate::cluster::{Cluster, NodeLine, migrate_slot_keys, name_in};
-use crate::common::{Conn, Value, applied, kinds};
+use crate::common::{Conn, Value, applied, first_word, kinds};
 
 const SECRET: &str = "3:8a1f0c5e9d7b3a2c4e6f8091a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d5";
 /// Scopes tried per master.
 const SCOPES: usize = 8;
-
-fn first_word(v: &Value) -> String {
-    v.error()
-        .and_then(|e| e.split_whitespace().next())
-        .unwrap_or("<no error>")
-        .to_string()
-}
 
 fn served(m: &NodeLine) -> i64 {
     m.ranges

@@ -13,10 +13,10 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Context, Result, ensure};
 
-use crate::cluster::{Cluster, name_in};
-use crate::common::{Conn, Server, Value, applied, kinds};
+use crate::cluster::{Cluster, name_in, wait_master};
+use crate::common::{Conn, Server, Value, acquired_token, applied, first_word, kinds};
 
 /// A node stopped with SIGSTOP; SIGCONT when dropped, on every path
 /// (errors included), so no test leaves a node frozen.
@@ -36,21 +36,6 @@ impl Drop for Stopped {
             .args(["-CONT", &self.0.to_string()])
             .status();
     }
-}
-
-fn first_word(v: &Value) -> String {
-    v.error()
-        .and_then(|e| e.split_whitespace().next())
-        .unwrap_or("<no error>")
-        .to_string()
-}
-
-fn token(v: &Value) -> Result<String> {
-    ensure!(
-        v.items().first() == Some(&Value::Simple("acquired".into())),
-        "not acquired: {v:?}"
-    );
-    v.items().get(1).and_then(Value::text).context("token")
 }
 
 /// `AUTHORITY:EPOCH.COUNTER` → (epoch, counter), the order tokens compare in.
@@ -76,21 +61,6 @@ fn acquire(conn: &mut Conn, lock: &str, lease: &str, ttl: u64, now: u64) -> Resu
         "NOW",
         &now.to_string(),
     ])
-}
-
-/// Poll (bounded) until the node on `port` says it is a master.
-fn wait_master(port: u16) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while Instant::now() < deadline {
-        if let Ok(mut c) = Conn::connect(port)
-            && let Ok(v) = c.cmd(&["ROLE"])
-            && v.items().first().and_then(Value::text).as_deref() == Some("master")
-        {
-            return Ok(());
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    bail!("{port} was not promoted")
 }
 
 /// What the promoted master shows after the scenario.
@@ -127,7 +97,7 @@ fn scenario(cluster: &mut Cluster, cut: bool) -> Result<Seen> {
     let res = name_in("res", &a.ranges)?;
     // WAIT counts the replicas that have this connection's writes.
     let mut on_a = Conn::connect(a.port)?;
-    let t0 = token(&acquire(&mut on_a, &lock, "z0", 500, 0)?)?;
+    let t0 = acquired_token(&acquire(&mut on_a, &lock, "z0", 500, 0)?)?;
     ensure!(
         wait(&mut on_a, 5000)? == 1,
         "the first grant did not replicate"
@@ -143,7 +113,7 @@ fn scenario(cluster: &mut Cluster, cut: bool) -> Result<Seen> {
         None
     };
     let patience = if cut { 300 } else { 5000 };
-    let t1 = token(&acquire(&mut on_a, &lock, "a7", 10_000, 1000)?)?;
+    let t1 = acquired_token(&acquire(&mut on_a, &lock, "a7", 10_000, 1000)?)?;
     ensure!(order(&t0)? < order(&t1)?, "{t0} then {t1}");
     let wait_grant = wait(&mut on_a, patience)?;
     let v = applied(&on_a.ok(&["FENCE.SET", &res, &t1, "a7"])?)?;
@@ -222,7 +192,7 @@ fn wait_one(cluster: &mut Cluster) -> Result<()> {
         seen.lower
     );
     let mut on_new = Conn::connect(port)?;
-    let t2 = token(&acquire(&mut on_new, lock, "b9", 10_000, 20_000)?)?;
+    let t2 = acquired_token(&acquire(&mut on_new, lock, "b9", 10_000, 20_000)?)?;
     ensure!(
         order(&t2)? > order(&seen.t1)?,
         "after the failover {t2} is not above {}",
@@ -264,8 +234,8 @@ fn wait_zero(cluster: &mut Cluster) -> Result<()> {
         "WAIT after the mark: {}",
         seen.wait_mark
     );
-    let again =
-        token(&seen.before_expiry).context("the lease was expected lost on the promoted master")?;
+    let again = acquired_token(&seen.before_expiry)
+        .context("the lease was expected lost on the promoted master")?;
     ensure!(
         again == seen.t1,
         "the promoted master was expected to repeat {}, gave {again}",
@@ -281,7 +251,7 @@ fn wait_zero(cluster: &mut Cluster) -> Result<()> {
     // The runbook on the promoted master, then a later holder.
     let mut on_new = Conn::connect(port)?;
     on_new.ok(&["FENCE.RESTORE"])?;
-    let t3 = token(&acquire(&mut on_new, lock, "c3", 10_000, 20_000)?)?;
+    let t3 = acquired_token(&acquire(&mut on_new, lock, "c3", 10_000, 20_000)?)?;
     ensure!(
         order(&t3)?.0 > order(&seen.t1)?.0,
         "after FENCE.RESTORE {t3} is not in an epoch above {}",
@@ -340,9 +310,9 @@ fn min_replicas(cluster: &Cluster) -> Result<()> {
     let res = name_in("res", &a.ranges)?;
     let probe = format!("{{{res}}}:probe");
     let mut on_a = Conn::connect(a.port)?;
-    let t0 = token(&acquire(&mut on_a, &lock, "z0", 500, 0)?)?;
+    let t0 = acquired_token(&acquire(&mut on_a, &lock, "z0", 500, 0)?)?;
     ensure!(applied(&on_a.ok(&["FENCE.SET", &res, &t0, "z0"])?)? == 1);
-    let t1 = token(&acquire(&mut on_a, &lock, "a7", 10_000, 1000)?)?;
+    let t1 = acquired_token(&acquire(&mut on_a, &lock, "a7", 10_000, 1000)?)?;
     ensure!(wait(&mut on_a, 5000)? == 1, "no replica");
     on_a.ok(&["CONFIG", "SET", "min-replicas-to-write", "1"])?;
     on_a.ok(&["CONFIG", "SET", "min-replicas-max-lag", "1"])?;
@@ -397,7 +367,7 @@ fn min_replicas(cluster: &Cluster) -> Result<()> {
     wait_refusal(&mut on_a, &probe, false)?;
     let v = applied(&on_a.ok(&["FENCE.SET", &res, &t1, "a7"])?)?;
     ensure!(v == 2, "after the refusals the write has version {v}");
-    let t2 = token(&acquire(&mut on_a, &lock, "b9", 10_000, 20_000)?)?;
+    let t2 = acquired_token(&acquire(&mut on_a, &lock, "b9", 10_000, 20_000)?)?;
     ensure!(order(&t2)? > order(&t1)?, "{t2} not above {t1}");
     Ok(())
 }

@@ -584,3 +584,18 @@ pub fn name_in(prefix: &str, ranges: &[(u16, u16)]) -> Result<String> {
     }
     bail!("no name with prefix {prefix} in {ranges:?}")
 }
+
+/// Poll (bounded) until the node on `port` says it is a master.
+pub fn wait_master(port: u16) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline {
+        if let Ok(mut c) = Conn::connect(port)
+            && let Ok(v) = c.cmd(&["ROLE"])
+            && v.items().first().and_then(Value::text).as_deref() == Some("master")
+        {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    bail!("{port} was not promoted")
+}

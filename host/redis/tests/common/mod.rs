@@ -469,6 +469,24 @@ pub fn err(v: &Value) -> String {
     v.error().unwrap_or("<no error>").to_string()
 }
 
+/// The first word of a reply's error line (its code, `TRYAGAIN`,
+/// `STALEFENCE`…), or `<no error>`.
+pub fn first_word(v: &Value) -> String {
+    v.error()
+        .and_then(|e| e.split_whitespace().next())
+        .unwrap_or("<no error>")
+        .to_string()
+}
+
+/// The token text of an `acquired` reply; an error for any other reply.
+pub fn acquired_token(v: &Value) -> Result<String> {
+    ensure!(
+        v.items().first() == Some(&Value::Simple("acquired".into())),
+        "not acquired: {v:?}"
+    );
+    v.items().get(1).and_then(Value::text).context("token")
+}
+
 /// `["applied", version]` → version.
 pub fn applied(v: &Value) -> Result<i64> {
     match v.items() {
