@@ -374,14 +374,36 @@ fn main() -> anyhow::Result<()> {
         "reloader", reloader,
     ));
     let phases = server.watch_execution_phase();
+    let mut seen = server.watch_execution_phase();
     let drain_timeout = Duration::from_secs(args.drain_timeout);
     let for_drain = held.0.clone();
     std::thread::Builder::new()
         .name("fencecheck-drain".into())
-        .spawn(move || drain_then_exit(phases, &drain, &for_drain, drain_timeout))
+        .spawn({
+            let drain = drain.clone();
+            move || drain_then_exit(phases, &drain, &for_drain, drain_timeout)
+        })
         .context("starting the shutdown watcher")?;
     tracing::info!(listen = %args.listen, data = %args.data.display(), "serving");
     server.run(RunArgs::default());
+    // Reported here, not by the drain thread: Pingora's grace period and
+    // the drain's deadline are two timers of the same length, and
+    // whichever fires first the cut is known only once the runtimes have
+    // dropped the connections' tasks.
+    let sigterm = std::iter::from_fn(|| match seen.try_recv() {
+        Ok(phase) => Some(Some(phase)),
+        Err(broadcast::error::TryRecvError::Lagged(_)) => Some(None),
+        Err(_) => None,
+    })
+    .any(|phase| matches!(phase, Some(ExecutionPhase::ShutdownGracePeriod)));
+    match drain.unfinished() {
+        0 => {}
+        open if sigterm => tracing::warn!(
+            open,
+            "--drain-timeout passed with connections still open; they were closed"
+        ),
+        open => tracing::info!(open, "SIGINT: the open connections were closed"),
+    }
     // SIGINT, or a drain that outlasted --drain-timeout: the runtimes are
     // gone (their tasks dropped), and with them every other reference.
     held.0.close_idle();
@@ -411,23 +433,15 @@ fn drain_then_exit(
         }
     }
     let started = std::time::Instant::now();
-    tracing::info!(
-        timeout_s = timeout.as_secs(),
-        "SIGTERM: draining (listeners closed)"
-    );
-    match drain.wait(started + timeout) {
-        Ok(()) => {
-            tracing::info!(
-                ms = started.elapsed().as_millis() as u64,
-                "drained: every request finished; exiting"
-            );
-            store.close_idle();
-            std::process::exit(0);
-        }
-        Err(open) => tracing::warn!(
-            open,
-            "--drain-timeout passed with connections still open; closing them"
-        ),
+    tracing::info!(timeout_s = timeout.as_secs(), "SIGTERM: draining");
+    // On a cut `main` reports it, after the runtimes have stopped.
+    if drain.wait(started + timeout).is_ok() {
+        tracing::info!(
+            ms = started.elapsed().as_millis() as u64,
+            "drained: every request finished; exiting"
+        );
+        store.close_idle();
+        std::process::exit(0);
     }
 }
 

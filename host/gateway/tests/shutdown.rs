@@ -121,7 +121,9 @@ fn slow_put_then_exit(extra: &[&str]) -> anyhow::Result<String> {
     open.send(&half)?;
     in_flight(&gw)?;
     signal(&gw, "TERM")?;
-    logged(&log, "SIGTERM: draining")?;
+    // Pingora's phase (the drain's log line) comes before its accept loops
+    // end; only then is a new connection refused.
+    logged(&log, "listeners closed")?;
     refused(&gw)?;
     ensure!(
         gw.child.try_wait()?.is_none(),

@@ -84,6 +84,9 @@ pub struct Drain {
 struct DrainState {
     open: usize,
     closed: bool,
+    /// Connections dropped before their end: their task was cancelled,
+    /// which only the runtimes' shutdown does (the grace period is over).
+    cut: usize,
 }
 
 impl Drain {
@@ -96,12 +99,24 @@ impl Drain {
         self.changed.notify_all();
     }
 
+    /// After the runtimes have stopped: how many connections were not
+    /// served to their end.
+    pub fn unfinished(&self) -> usize {
+        let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        state.cut + state.open
+    }
+
     /// Wait until the listeners have closed and no connection is open, or
-    /// until `deadline`. `Ok(())`: drained; `Err(n)`: `n` connections were
-    /// still open at the deadline.
+    /// until `deadline`. `Ok(())`: drained, every connection served to its
+    /// end; `Err(n)`: `n` connections were still open at the deadline, or
+    /// were cut by the runtimes' shutdown (Pingora's own grace period can
+    /// end a moment before `deadline`, which a thread woken later set).
     pub fn wait(&self, deadline: Instant) -> Result<(), usize> {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         loop {
+            if state.cut > 0 {
+                return Err(state.cut + state.open);
+            }
             if state.closed && state.open == 0 {
                 return Ok(());
             }
@@ -120,20 +135,37 @@ impl Drain {
     }
 }
 
-/// One open connection, counted until dropped (also when its task is
-/// cancelled).
-struct Open(Arc<Drain>);
+/// One open connection, counted until dropped; dropped before
+/// [`Open::ended`] (its task cancelled), it counts as cut.
+struct Open {
+    drain: Arc<Drain>,
+    ended: bool,
+}
 
 impl Open {
     fn new(drain: &Arc<Drain>) -> Self {
         drain.update(|s| s.open += 1);
-        Self(drain.clone())
+        Self {
+            drain: drain.clone(),
+            ended: false,
+        }
+    }
+
+    /// The connection was served to its end.
+    fn ended(mut self) {
+        self.ended = true;
     }
 }
 
 impl Drop for Open {
     fn drop(&mut self) {
-        self.0.update(|s| s.open = s.open.saturating_sub(1));
+        let ended = self.ended;
+        self.drain.update(|s| {
+            s.open = s.open.saturating_sub(1);
+            if !ended {
+                s.cut += 1;
+            }
+        });
     }
 }
 
@@ -172,7 +204,7 @@ impl<A: ServerApp + Send + Sync + 'static> ServerApp for Guarded<A> {
         drop(reused);
         drop(permit);
         self.metrics.connections(-1);
-        drop(open);
+        open.ended();
         None
     }
 
@@ -181,6 +213,9 @@ impl<A: ServerApp + Send + Sync + 'static> ServerApp for Guarded<A> {
         // The inner cleanup wakes idle keep-alive connections to close.
         self.inner.cleanup().await;
         self.drain.update(|s| s.closed = true);
+        // Pingora calls this once every accept loop has ended: from here a
+        // new connection is refused.
+        tracing::info!("listeners closed");
     }
 }
 
@@ -358,5 +393,38 @@ impl GetSocketDigest for Tracked {
 impl Peek for Tracked {
     async fn try_peek(&mut self, buf: &mut [u8]) -> std::io::Result<bool> {
         self.inner.try_peek(buf).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A connection dropped unfinished (its task cancelled when the
+    /// runtimes stop) is a cut, never a drain, even once none is open.
+    #[test]
+    fn a_cancelled_connection_is_cut_not_drained() {
+        let drain = Arc::new(Drain::default());
+        let (served, cancelled) = (Open::new(&drain), Open::new(&drain));
+        drain.update(|s| s.closed = true);
+        served.ended();
+        let now = Instant::now();
+        assert_eq!(drain.wait(now), Err(1), "one still open at the deadline");
+        drop(cancelled);
+        assert_eq!(drain.wait(now + Duration::from_secs(3600)), Err(1));
+    }
+
+    /// Every connection served to its end: drained, without waiting for
+    /// the deadline.
+    #[test]
+    fn served_connections_drain() {
+        let drain = Arc::new(Drain::default());
+        let open = Open::new(&drain);
+        drain.update(|s| s.closed = true);
+        open.ended();
+        assert_eq!(
+            drain.wait(Instant::now() + Duration::from_secs(3600)),
+            Ok(())
+        );
     }
 }
