@@ -37,7 +37,8 @@ pub struct NodeLine {
 impl Cluster {
     /// Start six nodes and make them a cluster with one replica per master;
     /// returns once every node answers `cluster_state:ok`, agrees on the
-    /// slots, and every replica's link to its master is up.
+    /// slots, every replica's link to its master is up and every master
+    /// lists its replica.
     pub fn start(kind: Kind) -> Result<Cluster> {
         Cluster::start_loading(kind, &[])
     }
@@ -64,7 +65,26 @@ impl Cluster {
             String::from_utf8_lossy(&out.stderr)
         );
         cluster.wait_ok()?;
+        cluster.wait_replicas_known()?;
         Ok(cluster)
+    }
+
+    /// Wait (bounded by [`AGREE`]) until every master's own view lists its
+    /// replica: a replica's link is up before gossip tells its master whose
+    /// replica it is, and until then `CLUSTER REPLICAS` answers nothing.
+    fn wait_replicas_known(&self) -> Result<()> {
+        let deadline = Instant::now() + AGREE;
+        for master in self.masters()? {
+            while self.replica_of(master.port).is_err() {
+                ensure!(
+                    Instant::now() < deadline,
+                    "master {} never listed its replica",
+                    master.port
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        Ok(())
     }
 
     /// Run `--cluster create`, re-sending CLUSTER MEET while it waits for
