@@ -9,7 +9,8 @@
 #   N=1000000 bash benches/redis-cluster/run.sh 3  # requests per run (default 200000; redis-benchmark
 #                                                  # times a cluster run in 0.25 s steps: give it 10 s)
 #
-# Prints each round's requests/s per command (interleaved), then each
+# Prints each round's requests/s per command (interleaved) with the
+# server's time per call (commandstats, over the masters), then each
 # master's FENCE.METRICS. Two FENCE.SET loads: random tokens (some are
 # refused stale, which does less work and flatters FENCE.SET), and one
 # token with POLICY allow-equal and a random OPID (an equal token needs
@@ -53,14 +54,26 @@ done
 redis-cli --cluster create "${nodes[@]}" --cluster-replicas 1 --cluster-yes >/dev/null
 until redis-cli -p "$base" cluster info | grep -q cluster_state:ok; do sleep 0.2; done
 echo "load: $(uptime)"
-bench() { redis-benchmark -p "$base" --cluster -q -n "${N:-200000}" -c 50 -r 100000 "$@" | tr '\r' '\n' | grep -E 'requests per second' | tail -n 1; }
+masters() { for i in 0 1 2 3 4 5; do redis-cli -p $((base + i)) role | head -n 1 | grep -q master && echo $((base + i)); done; }
+# The server's own time per call of `$1`, over every master (commandstats
+# since the last CONFIG RESETSTAT): the CPU a command costs, without the
+# client and the network.
+usec() {
+    for p in $(masters); do redis-cli -p "$p" info commandstats; done | tr -d '\r' |
+        awk -F'[:,=]' -v name="cmdstat_$1" '$1 == name { calls += $3; usec += $5 }
+            END { if (calls) printf "%.2f us/call", usec / calls; else printf "no calls" }'
+}
+bench() {
+    for p in $(masters); do redis-cli -p "$p" config resetstat >/dev/null; done
+    rate=$(redis-benchmark -p "$base" --cluster -q -n "${N:-200000}" -c 50 -r 100000 "$@" | tr '\r' '\n' | grep -E 'requests per second' | tail -n 1)
+    echo "$rate; server $(usec "$(echo "$1" | tr 'A-Z' 'a-z')")"
+}
 for r in $(seq "$rounds"); do
     echo "round $r SET:       $(bench SET 'key:{tag}:__rand_int__' v)"
     echo "round $r FENCE.SET: $(bench FENCE.SET 'key:{tag}:__rand_int__' '0.__rand_int__' v)"
     echo "round $r FENCE.SET allow-equal: $(bench FENCE.SET 'equal:{tag}:__rand_int__' '0.1' v POLICY allow-equal OPID 'op:__rand_int__')"
 done
-for i in 0 1 2 3 4 5; do
-    redis-cli -p $((base + i)) role | head -n 1 | grep -q master || continue
-    echo "FENCE.METRICS on :$((base + i)):"
-    redis-cli -p $((base + i)) fence.metrics | grep -v '^#' | grep -E 'put' || true
+for p in $(masters); do
+    echo "FENCE.METRICS on :$p:"
+    redis-cli -p "$p" fence.metrics | grep -v '^#' | grep -E 'put' || true
 done

@@ -26,7 +26,7 @@ use crate::ffi;
 use crate::keys;
 use crate::rules::{self, Refusal, Verdict};
 use crate::signals::{self, Operation};
-use crate::signing::{self, fence_keys};
+use crate::signing::{self, Table, fence_keys};
 
 static RUNTIME: OnceLock<Runtime> = OnceLock::new();
 static INSTANCE: Mutex<Option<Instance>> = Mutex::new(None);
@@ -232,26 +232,17 @@ fn decide(
     let request: Request = rules::request(scope, token, opts)?;
     *seen = Some(request.token);
     let cluster = ctx.get_flags().contains(ContextFlags::CLUSTER);
-    let table = signing::table_key(cluster, &state_key);
-    match &table {
-        // The slot's signing table is part of the decision: mid-move, the
-        // node that has the state but not the table must not decide.
-        Some(table) => {
-            let mut all = Vec::with_capacity(data.len() + 1);
-            all.extend_from_slice(data);
-            all.push(table.as_slice());
-            settled(ctx, &state_key, &all)?;
-        }
-        None => settled(ctx, &state_key, data)?,
-    }
+    // The slot's signing table is part of the decision: mid-move, the node
+    // that has the state but not the table must not decide.
+    let table = Table::of(ctx, cluster, &state_key);
+    settled(ctx, &state_key, data, table.as_ref())?;
     let state = read_string(ctx, &state_key)?;
-    let keys = signing::scope_keys(ctx, scope, table.as_deref())?;
+    let keys = signing::scope_keys(ctx, scope, table.as_ref())?;
     let outcome = with_guest(|g| g.decide(state.as_deref(), &request, keys.as_deref()))?;
-    let unmarked = table.filter(|t| !signing::marked(ctx, t));
     Ok(Decided {
         state_key,
         verdict: rules::verdict(outcome)?,
-        unmarked,
+        unmarked: table.and_then(|t| t.unmarked().map(<[u8]>::to_vec)),
     })
 }
 
@@ -284,12 +275,19 @@ impl Decided {
 /// commands: with every key here, decide; with one missing while the slot
 /// moves, `-TRYAGAIN` (clients retry it). Outside a migration a missing key
 /// is simply new. `CLUSTER NODES` is asked only when a key is missing.
-fn settled(ctx: &Context, state_key: &[u8], data: &[&[u8]]) -> Result<(), Refusal> {
+/// `table` (the slot's signing table, looked up once by the caller) is one
+/// of the keys that must be here.
+fn settled(
+    ctx: &Context,
+    state_key: &[u8],
+    data: &[&[u8]],
+    table: Option<&Table>,
+) -> Result<(), Refusal> {
     if !ctx.get_flags().contains(ContextFlags::CLUSTER) {
         return Ok(());
     }
     let present = |k: &[u8]| ffi::key_exists(ctx, k) == Some(true);
-    if present(state_key) && data.iter().all(|k| present(k)) {
+    if table.is_none_or(|t| t.present) && present(state_key) && data.iter().all(|k| present(k)) {
         return Ok(());
     }
     let nodes: CallResult = ctx.call_ext(
@@ -723,16 +721,12 @@ fn fence_acquire(ctx: &Context, args: &[RedisString]) -> Result<RedisValue, Refu
     let (lineage_key, floor_key) = lineage_keys(cluster, &key);
     // In a cluster the slot's lineage and floor are part of the decision:
     // mid-move, a node that lacks them must not decide from nothing.
-    let table = signing::table_key(cluster, &key);
+    let table = Table::of(ctx, cluster, &key);
     let slot_keys: Vec<&[u8]> = match &table {
-        Some(table) => vec![
-            lineage_key.as_slice(),
-            floor_key.as_slice(),
-            table.as_slice(),
-        ],
+        Some(_) => vec![lineage_key.as_slice(), floor_key.as_slice()],
         None => Vec::new(),
     };
-    settled(ctx, &key, &slot_keys)?;
+    settled(ctx, &key, &slot_keys, table.as_ref())?;
     let lock = rules::text("lock", a[1])?;
     let lease_id = rules::text("lease-id", a[2])?;
     let ttl = rules::number("ttl-ms", a[3])?;
@@ -753,8 +747,8 @@ fn fence_acquire(ctx: &Context, args: &[RedisString]) -> Result<RedisValue, Refu
         now,
         ttl,
     };
-    let signing = signing::grant_key(ctx, table.as_deref())?;
-    let unmarked = table.filter(|t| !signing::marked(ctx, t));
+    let signing = signing::grant_key(ctx, table.as_ref())?;
+    let unmarked = table.as_ref().and_then(Table::unmarked);
     let mut decided = with_guest(|g| g.acquire(state.as_deref(), &request))?;
     // A lock's state pins the authority it was first granted under. In a
     // cluster the slot's lineage moves with the lock, but a lock granted by
@@ -785,7 +779,7 @@ fn fence_acquire(ctx: &Context, args: &[RedisString]) -> Result<RedisValue, Refu
                     .to_string()
                 }
             };
-            if let Some(table) = &unmarked {
+            if let Some(table) = unmarked {
                 signing::mark(ctx, table)?;
             }
             if new_lineage {
@@ -837,7 +831,7 @@ fn fence_renew(ctx: &Context, args: &[RedisString]) -> Result<RedisValue, Refusa
     arity(args, 5)?;
     let a = bytes(args);
     let key = lock_key(a[1])?;
-    settled(ctx, &key, &[])?;
+    settled(ctx, &key, &[], None)?;
     let request = RenewRequest {
         lease_id: rules::text("lease-id", a[2])?.to_string(),
         token: lease_token(a[3])?,
@@ -877,7 +871,7 @@ fn fence_release(ctx: &Context, args: &[RedisString]) -> Result<RedisValue, Refu
         return Err(Refusal::syntax("usage: FENCE.RELEASE lock lease-id token"));
     }
     let key = lock_key(a[1])?;
-    settled(ctx, &key, &[])?;
+    settled(ctx, &key, &[], None)?;
     let request = ReleaseRequest {
         lease_id: rules::text("lease-id", a[2])?.to_string(),
         token: lease_token(a[3])?,

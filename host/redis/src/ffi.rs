@@ -427,6 +427,65 @@ pub fn log(ctx: &Context, level: Level, message: &str) {
     }
 }
 
+/// The number of fields of the hash named `name` and whether `field` is
+/// one of them: `Ok(None)` when the key is absent, an error when it holds
+/// another type. One open of the key (RM_OpenKey, RM_KeyType,
+/// RM_ValueLength, RM_HashGet with REDISMODULE_HASH_EXISTS).
+pub fn hash_shape(
+    ctx: &Context,
+    name: &[u8],
+    field: &std::ffi::CStr,
+) -> Result<Option<(usize, bool)>, String> {
+    let (Some(open), Some(close), Some(key_type), Some(length), Some(hash_get)) = (unsafe {
+        // SAFETY: function pointers filled in by RedisModule_Init; read by value.
+        (
+            raw::RedisModule_OpenKey,
+            raw::RedisModule_CloseKey,
+            raw::RedisModule_KeyType,
+            raw::RedisModule_ValueLength,
+            raw::RedisModule_HashGet,
+        )
+    }) else {
+        return Err("the server lacks the key API".into());
+    };
+    let raw_ctx = ctx.get_raw();
+    let s = create_string(raw_ctx, name).ok_or("RM_CreateString failed")?;
+    let found = unsafe {
+        // SAFETY: a live string and the calling command's context; the
+        // handle is used only before it is closed, once. RM_HashGet reads
+        // (field, out) pairs up to a NULL: one C string and one int here.
+        let handle = open(raw_ctx, s, raw::REDISMODULE_READ as c_int).cast::<raw::RedisModuleKey>();
+        if handle.is_null() {
+            Ok(None)
+        } else {
+            let kind = key_type(handle);
+            let found = if kind == raw::REDISMODULE_KEYTYPE_EMPTY as c_int {
+                Ok(None)
+            } else if kind == raw::REDISMODULE_KEYTYPE_HASH as c_int {
+                let mut exists: c_int = 0;
+                let status = hash_get(
+                    handle,
+                    (raw::REDISMODULE_HASH_CFIELDS | raw::REDISMODULE_HASH_EXISTS) as c_int,
+                    field.as_ptr(),
+                    &mut exists as *mut c_int,
+                    std::ptr::null_mut::<std::os::raw::c_void>(),
+                );
+                if status == raw::REDISMODULE_OK as c_int {
+                    Ok(Some((length(handle), exists != 0)))
+                } else {
+                    Err("RM_HashGet failed".to_string())
+                }
+            } else {
+                Err("not a hash".to_string())
+            };
+            close(handle);
+            found
+        }
+    };
+    free_string(raw_ctx, s);
+    found
+}
+
 /// The number of fields of the hash named `name`: `Ok(None)` when the key
 /// is absent, an error when it holds another type. One open of the key,
 /// no copy of its fields (RM_OpenKey, RM_KeyType, RM_ValueLength).

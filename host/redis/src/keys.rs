@@ -26,7 +26,13 @@ pub const GRANT_KEY_KEY: &str = "fencecheck:grant-key";
 /// the grant key (`ID:HEX`, or empty when grants are not signed). Present
 /// in every table, so a table always exists once written; it can never
 /// be a scope prefix (scopes starting with `fencecheck:` are refused).
-pub const GRANT_FIELD: &str = "fencecheck:grant-key";
+pub const GRANT_FIELD: &str = match GRANT_FIELD_C.to_str() {
+    Ok(name) => name,
+    Err(_) => panic!("GRANT_FIELD_C is ASCII"),
+};
+
+/// [`GRANT_FIELD`] as the module API's C field name (no copy per call).
+pub const GRANT_FIELD_C: &std::ffi::CStr = c"fencecheck:grant-key";
 
 /// In a cluster, the lineage of the locks of `slot`: `fencecheck:lineage:{T}`
 /// where `T` is the slot's tag ([`slot_tag`]), so the key is in that slot.

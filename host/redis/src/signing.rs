@@ -17,7 +17,8 @@
 //! holds a table, since the first applied write or grant in a slot writes
 //! an empty one ([`mark`]). A missing table then means a slot's first write
 //! or a move in progress, which `settled` tells apart (`-TRYAGAIN` while
-//! the slot moves), and the common case costs two key lookups, no call.
+//! the slot moves), and the common case costs one key lookup and one open
+//! of the table, no call.
 
 use fencecheck::{GrantKey, KeysText};
 use redis_module::{
@@ -29,11 +30,31 @@ use crate::ffi;
 use crate::keys;
 use crate::rules::{self, Refusal};
 
-/// The signing table a command on `key` reads in a cluster (the table of
-/// the key's slot); `None` outside a cluster, where the node-wide keys
-/// hold the same.
-pub(crate) fn table_key(cluster: bool, key: &[u8]) -> Option<Vec<u8>> {
-    cluster.then(|| keys::slot_signing_key(keys::slot(key)))
+/// In a cluster, the signing table of a command's slot, looked up once:
+/// the decision, `settled` and the mark all use this one lookup.
+pub(crate) struct Table {
+    /// `fencecheck:signing-keys:{T}` of the slot.
+    pub(crate) key: Vec<u8>,
+    /// Whether the slot has its table (see [`mark`]).
+    pub(crate) present: bool,
+}
+
+impl Table {
+    /// The table a command on `key` reads in a cluster (the table of the
+    /// key's slot); `None` outside a cluster, where the node-wide keys
+    /// hold the same.
+    pub(crate) fn of(ctx: &Context, cluster: bool, key: &[u8]) -> Option<Self> {
+        cluster.then(|| {
+            let key = keys::slot_signing_key(keys::slot(key));
+            let present = ffi::key_exists(ctx, &key) == Some(true);
+            Self { key, present }
+        })
+    }
+
+    /// The key to give the slot before an applied write, when it has none.
+    pub(crate) fn unmarked(&self) -> Option<&[u8]> {
+        (!self.present).then_some(self.key.as_slice())
+    }
 }
 
 /// The keys `scope` requires: the set stored under the longest prefix that
@@ -43,28 +64,37 @@ pub(crate) fn table_key(cluster: bool, key: &[u8]) -> Option<Vec<u8>> {
 pub(crate) fn scope_keys(
     ctx: &Context,
     scope: &[u8],
-    table: Option<&[u8]>,
+    table: Option<&Table>,
 ) -> Result<Option<Vec<GrantKey>>, Refusal> {
     let hash = match table {
-        None => keys::SIGNING_KEYS_KEY.as_bytes(),
+        // Absent is the common case outside a cluster, answered by one
+        // lookup (no key handle).
+        None => {
+            let hash = keys::SIGNING_KEYS_KEY.as_bytes();
+            if ffi::key_exists(ctx, hash) == Some(false) {
+                return Ok(None);
+            }
+            match ffi::hash_length(ctx, hash).map_err(|e| not_a_hash(hash, &e))? {
+                None => return Ok(None),
+                Some(_) => hash,
+            }
+        }
+        // In a cluster: a table holding only its grant field, the common
+        // case, is answered by one open of the key, without its fields.
         Some(table) => {
             node_wide_refused(ctx, keys::SIGNING_KEYS_KEY)?;
-            table
+            if !table.present {
+                return Ok(None);
+            }
+            let hash = table.key.as_slice();
+            match ffi::hash_shape(ctx, hash, keys::GRANT_FIELD_C)
+                .map_err(|e| not_a_hash(hash, &e))?
+            {
+                None | Some((1, true)) => return Ok(None),
+                Some(_) => hash,
+            }
         }
     };
-    // Absent is the common case outside a cluster, answered by one lookup
-    // (no key handle); a table holding only its grant field, the common
-    // case in one, without reading the fields.
-    if ffi::key_exists(ctx, hash) == Some(false) {
-        return Ok(None);
-    }
-    match ffi::hash_length(ctx, hash).map_err(|e| not_a_hash(hash, &e))? {
-        None => return Ok(None),
-        Some(1) if table.is_some() && field(ctx, hash, keys::GRANT_FIELD)?.is_some() => {
-            return Ok(None);
-        }
-        Some(_) => {}
-    }
     let entries = hash_entries(ctx, hash)?;
     let mut best: Option<(&[u8], &[u8])> = None;
     for (prefix, set) in &entries {
@@ -83,12 +113,16 @@ pub(crate) fn scope_keys(
 
 /// The key grants are signed with, if any: the node-wide string, or in a
 /// cluster the grant field of `table` (empty: grants are not signed).
-pub(crate) fn grant_key(ctx: &Context, table: Option<&[u8]>) -> Result<Option<GrantKey>, Refusal> {
+pub(crate) fn grant_key(ctx: &Context, table: Option<&Table>) -> Result<Option<GrantKey>, Refusal> {
     let text = match table {
         None => read_string(ctx, keys::GRANT_KEY_KEY.as_bytes())?,
         Some(table) => {
             node_wide_refused(ctx, keys::GRANT_KEY_KEY)?;
-            field(ctx, table, keys::GRANT_FIELD)?
+            if table.present {
+                field(ctx, &table.key, keys::GRANT_FIELD)?
+            } else {
+                None
+            }
         }
     };
     match text {
@@ -103,11 +137,6 @@ pub(crate) fn grant_key(ctx: &Context, table: Option<&[u8]>) -> Result<Option<Gr
 /// table, and by FENCE.RESTORE for every slot its node serves.
 pub(crate) fn mark(ctx: &Context, table: &[u8]) -> Result<(), Refusal> {
     call(ctx, "HSETNX", &[table, keys::GRANT_FIELD.as_bytes(), b""])
-}
-
-/// Whether `table` exists (a cluster slot's signing table).
-pub(crate) fn marked(ctx: &Context, table: &[u8]) -> bool {
-    ffi::key_exists(ctx, table) == Some(true)
 }
 
 /// In a cluster, a node-wide key (written as outside a cluster, e.g. by
