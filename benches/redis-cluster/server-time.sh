@@ -9,8 +9,9 @@
 #   bash benches/redis-cluster/server-time.sh A.so B.so [ROUNDS]   # default 5 rounds
 #
 # Load: FENCE.SET with one token, POLICY allow-equal and a random OPID over
-# 100,000 scopes (every write applied, as in run.sh's fair load), after a
-# first pass that creates the keys; then SET on the same server for scale.
+# 100,000 scopes (every write applied, as in run.sh's fair load): a first
+# pass of 300,000 that creates the scopes (about 95,000 first writes), then
+# 1 M on them; then SET on the same server for scale.
 # PORT=32500 by default.
 set -euo pipefail
 [ $# -ge 2 ] || { echo "usage: $0 A.so B.so [ROUNDS]" >&2; exit 2; }
@@ -41,13 +42,14 @@ for r in $(seq "$rounds"); do
         redis-cli -p "$port" cluster addslotsrange 0 16383 >/dev/null
         until redis-cli -p "$port" cluster info | grep -q cluster_state:ok; do sleep 0.1; done
         fence 300000
+        c=$(per_call fence.set)
         redis-cli -p "$port" config resetstat >/dev/null
         fence 1000000
         f=$(per_call fence.set)
         redis-cli -p "$port" config resetstat >/dev/null
         load -n 1000000 SET 'equal:{tag}:x__rand_int__' v
         s=$(per_call set)
-        echo "round $r $(basename "$m"): FENCE.SET $f us/call, SET $s us/call"
+        echo "round $r $(basename "$m"): FENCE.SET $c us/call creating the scopes, then $f; SET $s"
         kill "$pid"
         wait "$pid" 2>/dev/null || true
         pid=''
