@@ -427,14 +427,14 @@ pub fn log(ctx: &Context, level: Level, message: &str) {
     }
 }
 
-/// The number of fields of the hash named `name` and whether `field` is
-/// one of them: `Ok(None)` when the key is absent, an error when it holds
-/// another type. One open of the key (RM_OpenKey, RM_KeyType,
+/// The number of fields of the hash named `name` and whether `field` (if
+/// given) is one of them: `Ok(None)` when the key is absent, an error when
+/// it holds another type. One open of the key (RM_OpenKey, RM_KeyType,
 /// RM_ValueLength, RM_HashGet with REDISMODULE_HASH_EXISTS).
 pub fn hash_shape(
     ctx: &Context,
     name: &[u8],
-    field: &std::ffi::CStr,
+    field: Option<&std::ffi::CStr>,
 ) -> Result<Option<(usize, bool)>, String> {
     let (Some(open), Some(close), Some(key_type), Some(length), Some(hash_get)) = (unsafe {
         // SAFETY: function pointers filled in by RedisModule_Init; read by value.
@@ -463,13 +463,16 @@ pub fn hash_shape(
                 Ok(None)
             } else if kind == raw::REDISMODULE_KEYTYPE_HASH as c_int {
                 let mut exists: c_int = 0;
-                let status = hash_get(
-                    handle,
-                    (raw::REDISMODULE_HASH_CFIELDS | raw::REDISMODULE_HASH_EXISTS) as c_int,
-                    field.as_ptr(),
-                    &mut exists as *mut c_int,
-                    std::ptr::null_mut::<std::os::raw::c_void>(),
-                );
+                let status = match field {
+                    None => raw::REDISMODULE_OK as c_int,
+                    Some(field) => hash_get(
+                        handle,
+                        (raw::REDISMODULE_HASH_CFIELDS | raw::REDISMODULE_HASH_EXISTS) as c_int,
+                        field.as_ptr(),
+                        &mut exists as *mut c_int,
+                        std::ptr::null_mut::<std::os::raw::c_void>(),
+                    ),
+                };
                 if status == raw::REDISMODULE_OK as c_int {
                     Ok(Some((length(handle), exists != 0)))
                 } else {
@@ -488,40 +491,7 @@ pub fn hash_shape(
 
 /// The number of fields of the hash named `name`: `Ok(None)` when the key
 /// is absent, an error when it holds another type. One open of the key,
-/// no copy of its fields (RM_OpenKey, RM_KeyType, RM_ValueLength).
+/// no copy of its fields ([`hash_shape`] without a field).
 pub fn hash_length(ctx: &Context, name: &[u8]) -> Result<Option<usize>, String> {
-    let (Some(open), Some(close), Some(key_type), Some(length)) = (unsafe {
-        // SAFETY: function pointers filled in by RedisModule_Init; read by value.
-        (
-            raw::RedisModule_OpenKey,
-            raw::RedisModule_CloseKey,
-            raw::RedisModule_KeyType,
-            raw::RedisModule_ValueLength,
-        )
-    }) else {
-        return Err("the server lacks the key API".into());
-    };
-    let raw_ctx = ctx.get_raw();
-    let s = create_string(raw_ctx, name).ok_or("RM_CreateString failed")?;
-    let found = unsafe {
-        // SAFETY: a live string and the calling command's context; the
-        // handle is used only before it is closed, once.
-        let handle = open(raw_ctx, s, raw::REDISMODULE_READ as c_int).cast::<raw::RedisModuleKey>();
-        if handle.is_null() {
-            Ok(None)
-        } else {
-            let kind = key_type(handle);
-            let found = if kind == raw::REDISMODULE_KEYTYPE_EMPTY as c_int {
-                Ok(None)
-            } else if kind == raw::REDISMODULE_KEYTYPE_HASH as c_int {
-                Ok(Some(length(handle)))
-            } else {
-                Err("not a hash".to_string())
-            };
-            close(handle);
-            found
-        }
-    };
-    free_string(raw_ctx, s);
-    found
+    Ok(hash_shape(ctx, name, None)?.map(|(length, _)| length))
 }

@@ -87,7 +87,7 @@ pub(crate) fn scope_keys(
                 return Ok(None);
             }
             let hash = table.key.as_slice();
-            match ffi::hash_shape(ctx, hash, keys::GRANT_FIELD_C)
+            match ffi::hash_shape(ctx, hash, Some(keys::GRANT_FIELD_C))
                 .map_err(|e| not_a_hash(hash, &e))?
             {
                 None | Some((1, true)) => return Ok(None),
